@@ -1,0 +1,26 @@
+# The two commands a newcomer needs are `make run` and `make test`; both build the locked
+# environment on first use (bin/envrun). Everything else here is for developers.
+ENVRUN := bin/envrun
+PYTEST_ARGS ?=
+
+.PHONY: run test bench lint lock env
+
+run:  ## the main job: the whole pipeline on the bundled Palmer Penguins data
+	$(ENVRUN) fullthrottle run $(ARGS)
+
+test:  ## the whole test suite
+	$(ENVRUN) python -m pytest $(PYTEST_ARGS)
+
+bench:  ## the benchmark suite; `make bench QUICK=1` for the < 5 minute version
+	$(ENVRUN) fullthrottle bench $(if $(QUICK),--quick) $(ARGS)
+
+lint:
+	$(ENVRUN) ruff check .
+	$(ENVRUN) ruff format --check .
+
+env:  ## build (or check) the environment only
+	$(ENVRUN) python -c "import tfx, tensorflow; print('tfx', tfx.__version__, 'tensorflow', tensorflow.__version__)"
+
+lock:  ## re-resolve requirements.in into the hashed lock (needs `uv` on the host)
+	uv pip compile requirements.in --python-version 3.13 --python-platform x86_64-manylinux_2_39 \
+		--generate-hashes --quiet -o requirements.lock

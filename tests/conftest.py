@@ -17,3 +17,17 @@ _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(
     _cpus[0], [tf.config.LogicalDeviceConfiguration(), tf.config.LogicalDeviceConfiguration()]
 )
+
+
+import pytest  # noqa: E402
+
+from tests.helpers import run_cli  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def penguins_run(tmp_path_factory):
+    """One real pipeline run on the bundled penguins data, shared by the tests that read it."""
+    output_dir = tmp_path_factory.mktemp("penguins_run")
+    result = run_cli("run", "--output-dir", str(output_dir), "--set", "training.train_steps=300")
+    assert result.returncode == 0, f"fullthrottle run failed:\n{result.stdout}\n{result.stderr[-5000:]}"
+    return output_dir, result

@@ -1,0 +1,5 @@
+import sys
+
+from fullthrottle.cli import main
+
+sys.exit(main())

@@ -1,0 +1,79 @@
+"""The bundled text-classification dataset, generated here deterministically.
+
+`text_topics.csv` (shipped in `fullthrottle/data_files/`) has short messages in English and
+Chinese about one of four topics, plus a numeric and a categorical column, so the Transformer
+path (and character tokenization of CJK text) runs end to end with no download. Regenerate it
+with `python -m fullthrottle.datasets`; a test checks the shipped file matches this code.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import random
+from pathlib import Path
+
+TOPICS = {
+    "sports": (
+        ["match", "goal", "team", "coach", "league", "score", "season", "player", "stadium", "win"],
+        ["比赛", "进球", "球队", "教练", "联赛", "得分", "球员", "冠军"],
+    ),
+    "tech": (
+        ["laptop", "software", "chip", "battery", "update", "server", "code", "robot", "app", "screen"],
+        ["电脑", "软件", "芯片", "电池", "更新", "服务器", "代码", "手机"],
+    ),
+    "food": (
+        ["recipe", "noodles", "bread", "spicy", "dinner", "soup", "kitchen", "sweet", "rice", "taste"],
+        ["面条", "米饭", "好吃", "厨房", "晚饭", "辣", "汤", "甜点"],
+    ),
+    "travel": (
+        ["flight", "hotel", "beach", "train", "ticket", "mountain", "museum", "passport", "trip", "map"],
+        ["旅行", "酒店", "海边", "火车", "机票", "博物馆", "护照", "风景"],
+    ),
+}
+FILLER_EN = ["the", "a", "really", "today", "new", "my", "this", "was", "very", "and", "we", "great"]
+FILLER_ZH = ["今天", "我们", "非常", "这个", "很", "的", "了", "真"]
+ROWS = 1200
+SEED = 20261130
+
+
+def text_topics_path() -> Path:
+    return Path(__file__).parent / "data_files" / "text_topics.csv"
+
+
+def generate_text_topics(rows: int = ROWS, seed: int = SEED) -> str:
+    """Returns the CSV text; same arguments, same bytes."""
+    rng = random.Random(seed)
+    topics = sorted(TOPICS)
+    out = io.StringIO(newline="")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["message", "language", "length_hint", "topic"])
+    for _ in range(rows):
+        topic = rng.choice(topics)
+        language = "zh" if rng.random() < 0.3 else "en"
+        en_words, zh_words = TOPICS[topic]
+        # 10% of messages borrow a keyword from another topic, so the task is not trivial.
+        other = TOPICS[rng.choice([t for t in topics if t != topic])]
+        if language == "zh":
+            words = [rng.choice(zh_words) for _ in range(rng.randint(1, 3))]
+            words += [rng.choice(FILLER_ZH) for _ in range(rng.randint(2, 5))]
+            if rng.random() < 0.1:
+                words.append(rng.choice(other[1]))
+            rng.shuffle(words)
+            message = "".join(words)
+        else:
+            words = [rng.choice(en_words) for _ in range(rng.randint(1, 3))]
+            words += [rng.choice(FILLER_EN) for _ in range(rng.randint(3, 8))]
+            if rng.random() < 0.1:
+                words.append(rng.choice(other[0]))
+            rng.shuffle(words)
+            message = " ".join(words)
+        # Some missing values, as real data has.
+        length_hint = "" if rng.random() < 0.05 else str(len(message))
+        writer.writerow([message, language, length_hint, topic])
+    return out.getvalue()
+
+
+if __name__ == "__main__":
+    text_topics_path().write_text(generate_text_topics(), encoding="utf-8")
+    print(f"wrote {text_topics_path()}")

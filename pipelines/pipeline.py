@@ -1,0 +1,164 @@
+"""The fullthrottle pipeline, wired in one pure function.
+
+ExampleGen -> StatisticsGen -> SchemaGen (or an imported schema) -> ExampleValidator ->
+Transform -> Trainer -> Evaluator -> Pusher (only when the Evaluator blesses the model).
+
+No training, parsing or tracking logic lives here: Transform and Trainer reach the project's
+code by dotted name (`trainer_module.transform.preprocessing_fn`, `trainer_module.run.run_fn`)
+and get the validated config through `custom_config`. Runners (local, Kubeflow) choose paths and
+call `create_pipeline`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import tensorflow_model_analysis as tfma
+from tfx import v1 as tfx
+
+from fullthrottle.config import Config
+from trainer_module.features import transformed_name
+
+PREPROCESSING_FN = "trainer_module.transform.preprocessing_fn"
+RUN_FN = "trainer_module.run.run_fn"
+_CODE_PACKAGES = ("trainer_module", "serving")
+
+
+def code_fingerprint() -> str:
+    """Hash of the code Transform and Trainer run. Dotted-name user code is not fingerprinted by
+    TFX (a module_file would be), so without this an edited trainer would hit a stale cache."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for package in _CODE_PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _plain(value: Any) -> Any:
+    """custom_config must be JSON: tuples become lists."""
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def eval_config(config: Config) -> tfma.EvalConfig:
+    label_key = transformed_name(config.data.label)
+    threshold = tfma.MetricThreshold(
+        value_threshold=tfma.GenericValueThreshold(lower_bound={"value": config.evaluation.accuracy_threshold})
+    )
+    return tfma.EvalConfig(
+        model_specs=[
+            tfma.ModelSpec(
+                signature_name="serving_default",
+                label_key=label_key,
+                prediction_key="probabilities",
+                preprocessing_function_names=["transform_features"],
+            )
+        ],
+        slicing_specs=[tfma.SlicingSpec()],
+        metrics_specs=[
+            tfma.MetricsSpec(
+                metrics=[
+                    tfma.MetricConfig(class_name="ExampleCount"),
+                    tfma.MetricConfig(class_name="SparseCategoricalAccuracy", threshold=threshold),
+                    tfma.MetricConfig(class_name="SparseCategoricalCrossentropy"),
+                ]
+            )
+        ],
+    )
+
+
+def create_pipeline(
+    config: Config,
+    *,
+    input_base: str,
+    pipeline_root: str,
+    serving_dir: str,
+    metadata_connection_config: Any | None = None,
+    beam_pipeline_args: Sequence[str] = (),
+) -> tfx.dsl.Pipeline:
+    """Builds the whole pipeline from a validated config; reads nothing, runs nothing."""
+    spec = config.data
+    output_config = tfx.proto.Output(
+        split_config=tfx.proto.SplitConfig(
+            splits=[
+                tfx.proto.SplitConfig.Split(name="train", hash_buckets=spec.train_buckets),
+                tfx.proto.SplitConfig.Split(name="eval", hash_buckets=spec.eval_buckets),
+            ]
+        )
+    )
+    if spec.format == "tfrecord":
+        example_gen = tfx.components.ImportExampleGen(input_base=input_base, output_config=output_config)
+    else:
+        example_gen = tfx.components.CsvExampleGen(input_base=input_base, output_config=output_config)
+
+    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    if spec.schema_path:
+        schema_gen = tfx.components.ImportSchemaGen(schema_file=spec.schema_path)
+    else:
+        schema_gen = tfx.components.SchemaGen(
+            statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True
+        )
+    example_validator = tfx.components.ExampleValidator(
+        statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
+    )
+
+    fingerprint = code_fingerprint()
+    data_config = _plain(dataclasses.asdict(spec))
+    transform = tfx.components.Transform(
+        examples=example_gen.outputs["examples"],
+        schema=schema_gen.outputs["schema"],
+        preprocessing_fn=PREPROCESSING_FN,
+        custom_config={"data": data_config, "code_fingerprint": fingerprint},
+    )
+    trainer = tfx.components.Trainer(
+        run_fn=RUN_FN,
+        examples=transform.outputs["transformed_examples"],
+        transform_graph=transform.outputs["transform_graph"],
+        schema=schema_gen.outputs["schema"],
+        train_args=tfx.proto.TrainArgs(num_steps=config.training.train_steps),
+        eval_args=tfx.proto.EvalArgs(num_steps=config.training.eval_steps or 0),
+        custom_config={
+            "data": data_config,
+            "training": _plain(dataclasses.asdict(config.training)),
+            "code_fingerprint": fingerprint,
+        },
+    )
+    evaluator = tfx.components.Evaluator(
+        examples=example_gen.outputs["examples"],
+        model=trainer.outputs["model"],
+        eval_config=eval_config(config),
+    )
+    with tfx.dsl.Cond(evaluator.outputs["blessing"].future()[0].custom_property("blessed") == 1):
+        pusher = tfx.components.Pusher(
+            model=trainer.outputs["model"],
+            push_destination=tfx.proto.PushDestination(
+                filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_dir)
+            ),
+        )
+
+    return tfx.dsl.Pipeline(
+        pipeline_name=config.pipeline_name,
+        pipeline_root=pipeline_root,
+        components=[
+            example_gen,
+            statistics_gen,
+            schema_gen,
+            example_validator,
+            transform,
+            trainer,
+            evaluator,
+            pusher,
+        ],
+        enable_cache=config.enable_cache,
+        metadata_connection_config=metadata_connection_config,
+        beam_pipeline_args=list(beam_pipeline_args),
+    )

@@ -1,0 +1,107 @@
+"""The serving contract, in one module.
+
+An exported fullthrottle model is a SavedModel with the Transform graph inside, so clients send
+raw features, and three signatures:
+
+- ``serving_default``: a batch of serialized ``tf.Example`` (string ``[None]`` named
+  ``examples``) -> ``probabilities`` float32 ``[None, num_classes]`` and ``classes`` string
+  ``[None]`` (the most likely class name). The shape is what TF Serving's request batching and
+  TFMA's Evaluator expect.
+- ``predict_raw``: one named tensor ``[None]`` per raw feature (for JSON requests) -> the same
+  outputs. Every feature must be sent.
+- ``transform_features``: serialized ``tf.Example`` (label included) -> the transformed features,
+  used by the Evaluator to obtain the label.
+
+The model runs in float32 whatever precision it was trained in (mixed-float16 SavedModels are
+slow on CPU servers); the trainer hands over a float32 copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import keras
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from trainer_module.features import LABEL_VOCAB
+
+SERVING_DEFAULT = "serving_default"
+PREDICT_RAW = "predict_raw"
+TRANSFORM_FEATURES = "transform_features"
+EXAMPLES_INPUT = "examples"
+
+
+def raw_serving_spec(tft_output: tft.TFTransformOutput, label: str) -> dict[str, tf.io.FixedLenFeature]:
+    """The raw feature spec a client sends: every raw feature except the label."""
+    spec = dict(tft_output.raw_feature_spec())
+    spec.pop(label, None)
+    return spec
+
+
+class ServingModule(tf.Module):
+    """Holds the model, the Transform layer and the class names, and defines the signatures."""
+
+    def __init__(self, model: keras.Model, tft_output: tft.TFTransformOutput, label: str) -> None:
+        super().__init__(name="fullthrottle_serving")
+        self.model = model
+        self.tft_layer = tft_output.transform_features_layer()
+        self._raw_spec = raw_serving_spec(tft_output, label)
+        self._full_raw_spec = dict(tft_output.raw_feature_spec())
+        class_names = [c.decode("utf-8") if isinstance(c, bytes) else str(c) for c in tft_output.vocabulary_by_name(LABEL_VOCAB)]
+        self.class_names = tf.constant(class_names, dtype=tf.string)
+        self.num_classes = len(class_names)
+
+    def _predict(self, raw_features: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        transformed = self.tft_layer(dict(raw_features))
+        probabilities = tf.cast(self.model(transformed, training=False), tf.float32)
+        classes = tf.gather(self.class_names, tf.argmax(probabilities, axis=-1))
+        return {"probabilities": probabilities, "classes": classes}
+
+    def signatures(self) -> dict[str, tf.types.experimental.ConcreteFunction]:
+        raw_spec = self._raw_spec
+        full_spec = self._full_raw_spec
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])
+        def serve_examples(examples: tf.Tensor) -> dict[str, tf.Tensor]:
+            return self._predict(tf.io.parse_example(examples, raw_spec))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])
+        def transform_features(examples: tf.Tensor) -> dict[str, tf.Tensor]:
+            return self.tft_layer(tf.io.parse_example(examples, full_spec))
+
+        raw_signature = {name: tf.TensorSpec([None], feature.dtype, name=name) for name, feature in raw_spec.items()}
+
+        @tf.function(input_signature=[raw_signature])
+        def predict_raw(features: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            return self._predict(_to_parsed_form(features, raw_spec))
+
+        return {
+            SERVING_DEFAULT: serve_examples.get_concrete_function(),
+            PREDICT_RAW: predict_raw.get_concrete_function(),
+            TRANSFORM_FEATURES: transform_features.get_concrete_function(),
+        }
+
+
+def _to_parsed_form(features: Mapping[str, tf.Tensor], spec: Mapping[str, object]) -> dict[str, tf.Tensor]:
+    """Shapes named [None] tensors the way `tf.io.parse_example` would have for `spec`."""
+    parsed = {}
+    for name, feature in spec.items():
+        value = features[name]
+        if isinstance(feature, tf.io.VarLenFeature):
+            batch = tf.shape(value, out_type=tf.int64)[0]
+            indices = tf.stack([tf.range(batch), tf.zeros([batch], tf.int64)], axis=1)
+            parsed[name] = tf.SparseTensor(indices, value, tf.stack([batch, tf.constant(1, tf.int64)]))
+        elif isinstance(feature, tf.io.FixedLenFeature) and len(feature.shape) == 1:
+            parsed[name] = tf.reshape(value, [-1, feature.shape[0]])
+        else:
+            parsed[name] = value
+    return parsed
+
+
+def export_serving_model(
+    model: keras.Model, *, tft_output: tft.TFTransformOutput, label: str, export_dir: str
+) -> None:
+    """Writes the SavedModel with all signatures to `export_dir` (which must not exist yet)."""
+    module = ServingModule(model, tft_output, label)
+    tf.saved_model.save(module, export_dir, signatures=module.signatures())

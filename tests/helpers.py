@@ -1,0 +1,66 @@
+"""Helpers shared by tests: running the CLI as a user would, reading pushed models."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import tensorflow as tf
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs `fullthrottle ARGS` in a fresh Python process (the console script's entry point)."""
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "fullthrottle", *args],
+        cwd=cwd or REPO,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def last_run(output_dir: Path) -> dict:
+    return json.loads((output_dir / "last_run.json").read_text())
+
+
+def eval_split_examples(last: dict, limit: int | None = None) -> list[bytes]:
+    """Serialized raw tf.Examples of ExampleGen's eval split (held out from training)."""
+    pattern = os.path.join(last["pipeline_root"], "*ExampleGen", "examples", "*", "Split-eval", "*")
+    files = sorted(glob.glob(pattern))
+    assert files, f"no eval split under {pattern}"
+    records = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    return records[:limit] if limit else records
+
+
+def label_of(serialized: bytes, label: str) -> str:
+    example = tf.train.Example.FromString(serialized)
+    feature = example.features.feature[label]
+    if feature.bytes_list.value:
+        return feature.bytes_list.value[0].decode()
+    if feature.int64_list.value:
+        return str(feature.int64_list.value[0])
+    return str(feature.float_list.value[0])
+
+
+def strip_label(serialized: bytes, label: str) -> bytes:
+    example = tf.train.Example.FromString(serialized)
+    del example.features.feature[label]
+    return example.SerializeToString()
+
+
+def served_dirs(serving_dir: Path) -> list[Path]:
+    if not serving_dir.exists():
+        return []
+    return sorted(p for p in serving_dir.iterdir() if p.is_dir() and p.name.isdigit())

@@ -1,0 +1,70 @@
+"""Data checks and staging happen before the pipeline, and keep the cache valid."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fullthrottle.config import load_config
+from fullthrottle.data import STAGED_CSV, prepare_data
+from fullthrottle.errors import DataError
+
+
+def _config(tmp_path, data_path, *extra):
+    return load_config(overrides=[f"output_dir={tmp_path / 'out'}", f"data.path={data_path}", *extra])
+
+
+HEADER = "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g,sex,year\n"
+
+
+def test_bundled_penguins_are_staged_with_missing_values_emptied(tmp_path):
+    config = load_config(overrides=[f"output_dir={tmp_path}"])
+    prepared = prepare_data(config)
+    assert prepared.rows == 344
+    staged = (config.staged_data_dir / STAGED_CSV).read_text()
+    assert "NA" not in staged.split("\n", 1)[1].split(",")  # no NA cell survives
+    assert ",," in staged or ",\n" in staged  # missing values are now empty cells
+
+
+def test_unchanged_input_keeps_the_staged_file_untouched(tmp_path):
+    config = load_config(overrides=[f"output_dir={tmp_path}"])
+    prepare_data(config)
+    staged = config.staged_data_dir / STAGED_CSV
+    os.utime(staged, (1_000_000, 1_000_000))
+    prepare_data(config)
+    assert staged.stat().st_mtime == 1_000_000, "rewriting would change ExampleGen's fingerprint and miss the cache"
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (HEADER + HEADER + "Adelie,Torgersen,39.1,18.7,181,3750,male,2007\n", "header line appears again"),
+        (HEADER.replace(",", ";") + "Adelie;Torgersen;39.1;18.7;181;3750;male;2007\n", "delimiter"),
+        (HEADER + "Adelie,Torgersen,39.1\n", "3 fields where the header has 8"),
+    ],
+)
+def test_malformed_csv_is_refused_with_the_line(tmp_path, content, needle):
+    data = tmp_path / "bad.csv"
+    data.write_text(content)
+    with pytest.raises(DataError, match=needle):
+        prepare_data(_config(tmp_path, data))
+
+
+def test_non_utf8_bytes_name_the_line(tmp_path):
+    data = tmp_path / "latin1.csv"
+    data.write_bytes(HEADER.encode() + "Adelie,Torgersen,39.1,18.7,181,3750,m\xe4le,2007\n".encode("latin-1"))
+    with pytest.raises(DataError, match="not UTF-8 text .*line 2"):
+        prepare_data(_config(tmp_path, data))
+
+
+def test_folder_of_csv_files_with_one_header(tmp_path):
+    folder = tmp_path / "csvs"
+    folder.mkdir()
+    (folder / "a.csv").write_text(HEADER + "Adelie,Torgersen,39.1,18.7,181,3750,male,2007\n")
+    (folder / "b.csv").write_text(HEADER + "Gentoo,Biscoe,46.1,13.2,211,4500,female,2007\n")
+    prepared = prepare_data(_config(tmp_path, folder))
+    assert prepared.rows == 2
+    (folder / "c.csv").write_text("species,island\nAdelie,Dream\n")
+    with pytest.raises(DataError, match="c.csv has no column"):
+        prepare_data(_config(tmp_path, folder))

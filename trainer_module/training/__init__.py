@@ -1,0 +1,56 @@
+"""fullthrottle's training-loop library: a distributed, mixed-precision ``tf.function`` loop.
+
+Module split: ``config`` (what to do, validated), ``strategy`` (where), ``precision`` (in which
+dtype), ``inputs`` (data), ``models``, ``optimization``, ``loop`` (the compiled N-step inner
+loop) and ``controller`` (outer loop: checkpoints, summaries, timing, hooks, export).
+"""
+
+from trainer_module.training.config import (
+    BatchSizes,
+    ModelInputs,
+    TrainingConfig,
+    resolve_batch_sizes,
+    scaled_learning_rate,
+)
+from trainer_module.training.controller import TrainingHook, TrainResult, train
+from trainer_module.training.errors import (
+    ConfigError,
+    InputDataError,
+    TrainingDivergedError,
+    TrainingError,
+)
+from trainer_module.training.inputs import (
+    make_dataset,
+    make_distributed_dataset,
+    validate_feature_spec,
+)
+from trainer_module.training.models import build_model, build_serving_model
+from trainer_module.training.optimization import WarmupSchedule, create_optimizer
+from trainer_module.training.precision import dtype_policy, resolve_precision_policy
+from trainer_module.training.strategy import cluster_info, create_strategy
+
+__all__ = [
+    "BatchSizes",
+    "ConfigError",
+    "InputDataError",
+    "ModelInputs",
+    "TrainResult",
+    "TrainingConfig",
+    "TrainingDivergedError",
+    "TrainingError",
+    "TrainingHook",
+    "WarmupSchedule",
+    "build_model",
+    "build_serving_model",
+    "cluster_info",
+    "create_optimizer",
+    "create_strategy",
+    "dtype_policy",
+    "make_dataset",
+    "make_distributed_dataset",
+    "resolve_batch_sizes",
+    "resolve_precision_policy",
+    "scaled_learning_rate",
+    "train",
+    "validate_feature_spec",
+]

@@ -1,0 +1,295 @@
+"""What the trainer is told: the shape of the transformed data (``ModelInputs``) and how to
+train on it (``TrainingConfig``).
+
+Both are frozen dataclasses validated in ``__post_init__``: a bad value fails at construction,
+with a :class:`ConfigError` naming the field, long before any TensorFlow work starts. Checks
+that need the runtime (number of replicas) live in :func:`resolve_batch_sizes`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from trainer_module.training.errors import ConfigError
+
+MODELS = ("auto", "tabular", "transformer")
+PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
+OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
+LR_SCALINGS = ("linear", "none")
+RESUME_DATA = ("skip", "reseed")
+
+
+def _require(cond: bool, name: str, message: str, value: object) -> None:
+    if not cond:
+        raise ConfigError(f"`{name}` {message}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """The transformed features the model reads, as described by the pipeline.
+
+    numeric:     float32 features of shape [] per example.
+    categorical: int64 id features of shape [] -> cardinality (ids in [0, cardinality)).
+    text:        int64 token-id sequences -> (vocab_size, seq_len); id 0 is padding.
+    label:       int64 class-id feature of shape [].
+    """
+
+    numeric: tuple[str, ...] = ()
+    categorical: Mapping[str, int] = field(default_factory=dict)
+    text: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    label: str = "label"
+    num_classes: int = 2
+
+    def __post_init__(self) -> None:
+        # Own copies (plain dicts/tuples stay picklable), so the caller's later edits don't leak in.
+        object.__setattr__(self, "numeric", tuple(self.numeric))
+        object.__setattr__(self, "categorical", {k: int(v) for k, v in self.categorical.items()})
+        object.__setattr__(
+            self, "text", {k: tuple(int(x) for x in v) for k, v in self.text.items()}
+        )
+        _require(self.num_classes >= 2, "num_classes", "must be >= 2", self.num_classes)
+        _require(bool(self.label), "label", "must be a feature name", self.label)
+        for name, card in self.categorical.items():
+            _require(card > 0, f"categorical[{name!r}]", "cardinality must be > 0", card)
+        for name, vs in self.text.items():
+            _require(
+                len(vs) == 2 and vs[0] > 1 and vs[1] > 0,
+                f"text[{name!r}]",
+                "must be (vocab_size > 1, seq_len > 0)",
+                vs,
+            )
+        names = [*self.numeric, *self.categorical, *self.text]
+        dup = {n for n in names if names.count(n) > 1}
+        _require(not dup, "ModelInputs", "feature names must be unique", sorted(dup))
+        _require(self.label not in names, "label", "must not also be a model input", self.label)
+        _require(bool(names), "ModelInputs", "must name at least one input feature", names)
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return (*self.numeric, *self.categorical, *self.text)
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """How to train. Every field has a working default; ``None``/"auto" means automatic."""
+
+    model: str = "auto"  # "tabular" | "transformer" | "auto" (transformer iff text inputs)
+    per_replica_batch_size: int = 64
+    # If set, wins over per_replica_batch_size: per-replica batch is derived from it and must
+    # divide evenly by (replicas x gradient_accumulation_steps) at run time.
+    global_batch_size: int | None = None
+    gradient_accumulation_steps: int = 1
+    train_steps: int = 400
+    eval_steps: int | None = None  # None = the eval files once
+    steps_per_loop: int = 50
+    learning_rate: float = 1e-3  # at `learning_rate_base_batch`
+    learning_rate_base_batch: int = 64
+    learning_rate_scaling: str = "linear"
+    warmup_steps: int = 0
+    optimizer: str = "adam"
+    precision: str = "auto"
+    loss_scale_initial: float = 2.0**15  # float16 only: dynamic loss scale starting value
+    loss_scale_growth_steps: int = 2000  # float16 only: finite steps before doubling the scale
+    jit_compile: bool = False
+    run_eagerly: bool = False  # debugging / tests: no tf.function around the loop
+    strategy: str = "auto"
+    num_logical_cpu_devices: int = 0
+    checkpoint_every_steps: int = 100  # 0 = only at the end
+    checkpoint_every_seconds: float | None = None
+    checkpoints_to_keep: int = 3
+    # Input pipeline.
+    shuffle_files: bool = True
+    shuffle_buffer_size: int = 10_000  # 0 = no record shuffle
+    interleave_cycle_length: int | None = None
+    num_parallel_calls: int | None = None
+    cache: bool = False
+    prefetch_buffer_size: int | None = None
+    deterministic_input: bool | None = None  # None = same as `deterministic`
+    resume_data: str = "skip"  # "skip": replay the seeded order up to the step; "reseed"
+    # Models.
+    hidden_units: tuple[int, ...] = (64, 64)
+    embedding_dim: int = 8
+    transformer_layers: int = 2
+    transformer_d_model: int = 64
+    transformer_heads: int = 4
+    transformer_ffn_dim: int = 128
+    transformer_pooling: str = "mean"  # "mean" (over non-padding tokens) | "cls" (position 0)
+    dropout_rate: float = 0.1
+    profile_steps: tuple[int, int] | None = None
+    seed: int = 42
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "hidden_units", tuple(self.hidden_units))
+        if self.profile_steps is not None:
+            object.__setattr__(self, "profile_steps", tuple(self.profile_steps))
+        r = _require
+        r(self.model in MODELS, "model", f"must be one of {MODELS}", self.model)
+        r(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}", self.precision)
+        r(self.strategy in STRATEGIES, "strategy", f"must be one of {STRATEGIES}", self.strategy)
+        r(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {OPTIMIZERS}", self.optimizer)
+        r(
+            self.learning_rate_scaling in LR_SCALINGS,
+            "learning_rate_scaling",
+            f"must be one of {LR_SCALINGS}",
+            self.learning_rate_scaling,
+        )
+        r(
+            self.resume_data in RESUME_DATA,
+            "resume_data",
+            f"must be one of {RESUME_DATA}",
+            self.resume_data,
+        )
+        r(
+            self.transformer_pooling in ("mean", "cls"),
+            "transformer_pooling",
+            "must be 'mean' or 'cls'",
+            self.transformer_pooling,
+        )
+        for name in (
+            "per_replica_batch_size",
+            "gradient_accumulation_steps",
+            "train_steps",
+            "steps_per_loop",
+            "learning_rate_base_batch",
+            "checkpoints_to_keep",
+            "embedding_dim",
+            "transformer_layers",
+            "transformer_d_model",
+            "transformer_heads",
+            "transformer_ffn_dim",
+            "loss_scale_growth_steps",
+        ):
+            v = getattr(self, name)
+            r(isinstance(v, int) and not isinstance(v, bool), name, "must be an int", v)
+            r(v > 0, name, "must be > 0", v)
+        for name in ("warmup_steps", "checkpoint_every_steps", "shuffle_buffer_size", "seed"):
+            v = getattr(self, name)
+            r(isinstance(v, int) and not isinstance(v, bool), name, "must be an int", v)
+            r(v >= 0, name, "must be >= 0", v)
+        for name in (
+            "global_batch_size",
+            "eval_steps",
+            "interleave_cycle_length",
+            "num_parallel_calls",
+            "prefetch_buffer_size",
+        ):
+            v = getattr(self, name)
+            if v is not None:
+                r(isinstance(v, int) and not isinstance(v, bool), name, "must be an int or None", v)
+                r(v > 0, name, "must be > 0 (or None for automatic)", v)
+        r(
+            isinstance(self.num_logical_cpu_devices, int) and self.num_logical_cpu_devices >= 0,
+            "num_logical_cpu_devices",
+            "must be an int >= 0",
+            self.num_logical_cpu_devices,
+        )
+        r(
+            math.isfinite(self.learning_rate) and self.learning_rate > 0,
+            "learning_rate",
+            "must be a finite number > 0",
+            self.learning_rate,
+        )
+        r(
+            math.isfinite(self.loss_scale_initial) and self.loss_scale_initial >= 1,
+            "loss_scale_initial",
+            "must be >= 1",
+            self.loss_scale_initial,
+        )
+        r(0.0 <= self.dropout_rate < 1.0, "dropout_rate", "must be in [0, 1)", self.dropout_rate)
+        r(
+            bool(self.hidden_units) and all(u > 0 for u in self.hidden_units),
+            "hidden_units",
+            "must be a non-empty tuple of positive ints",
+            self.hidden_units,
+        )
+        r(
+            self.transformer_d_model % self.transformer_heads == 0,
+            "transformer_d_model",
+            f"must be divisible by `transformer_heads` ({self.transformer_heads})",
+            self.transformer_d_model,
+        )
+        if self.checkpoint_every_seconds is not None:
+            r(
+                self.checkpoint_every_seconds > 0,
+                "checkpoint_every_seconds",
+                "must be > 0 or None",
+                self.checkpoint_every_seconds,
+            )
+        if self.profile_steps is not None:
+            p = self.profile_steps
+            r(
+                len(p) == 2 and 0 <= p[0] < p[1],
+                "profile_steps",
+                "must be (start, stop) with 0 <= start < stop",
+                p,
+            )
+        if self.global_batch_size is not None:
+            k = self.gradient_accumulation_steps
+            r(
+                self.global_batch_size % k == 0,
+                "global_batch_size",
+                f"must be divisible by `gradient_accumulation_steps` ({k})",
+                self.global_batch_size,
+            )
+            if self.num_logical_cpu_devices > 1:
+                n = self.num_logical_cpu_devices * k
+                r(
+                    self.global_batch_size % n == 0,
+                    "global_batch_size",
+                    f"must be divisible by `num_logical_cpu_devices` x "
+                    f"`gradient_accumulation_steps` ({n})",
+                    self.global_batch_size,
+                )
+
+    @property
+    def input_deterministic(self) -> bool:
+        return self.deterministic if self.deterministic_input is None else self.deterministic_input
+
+    def resolved_model(self, model_inputs: ModelInputs) -> str:
+        if self.model == "auto":
+            return "transformer" if model_inputs.text else "tabular"
+        if self.model == "transformer" and not model_inputs.text:
+            raise ConfigError("`model` is 'transformer' but `ModelInputs.text` names no column")
+        return self.model
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """Batch arithmetic resolved against the running strategy."""
+
+    per_replica: int  # examples per replica per micro-batch
+    accumulation_steps: int
+    num_replicas: int
+
+    @property
+    def per_replica_step(self) -> int:  # examples one replica consumes per optimizer step
+        return self.per_replica * self.accumulation_steps
+
+    @property
+    def global_batch(self) -> int:
+        return self.per_replica * self.accumulation_steps * self.num_replicas
+
+
+def resolve_batch_sizes(config: TrainingConfig, num_replicas: int) -> BatchSizes:
+    """global = per_replica x replicas x accumulation; refuses a global batch that won't split."""
+    k = config.gradient_accumulation_steps
+    if config.global_batch_size is None:
+        return BatchSizes(config.per_replica_batch_size, k, num_replicas)
+    per, rem = divmod(config.global_batch_size, num_replicas * k)
+    if rem or per == 0:
+        raise ConfigError(
+            f"`global_batch_size` ({config.global_batch_size}) must be a positive multiple of "
+            f"replicas ({num_replicas}) x `gradient_accumulation_steps` ({k}) = {num_replicas * k}"
+        )
+    return BatchSizes(per, k, num_replicas)
+
+
+def scaled_learning_rate(config: TrainingConfig, global_batch: int) -> float:
+    """Linear scaling rule (Goyal et al. 2017): lr x global_batch / base_batch."""
+    if config.learning_rate_scaling == "none":
+        return config.learning_rate
+    return config.learning_rate * global_batch / config.learning_rate_base_batch

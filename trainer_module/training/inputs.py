@@ -1,0 +1,176 @@
+"""Input pipeline: gzip TFRecords of transformed tf.Examples -> (features, label) batches.
+
+Order of stages (each placed where it is cheapest):
+  file list (sorted, sharded per input pipeline, seeded shuffle) -> interleave(AUTOTUNE)
+  -> [cache] -> repeat -> record shuffle -> batch -> [skip on resume] -> vectorized
+  parse_example (one op per batch, not per record) -> prefetch(AUTOTUNE) last.
+
+Owns: reading, sharding, shuffling, batching, parsing. Refuses: a feature_spec that lacks a
+feature the model needs, or declares it with the wrong shape/dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import tensorflow as tf
+
+from trainer_module.training.config import ModelInputs, TrainingConfig
+from trainer_module.training.errors import InputDataError
+
+AUTOTUNE = tf.data.AUTOTUNE
+
+
+def validate_feature_spec(
+    feature_spec: Mapping[str, tf.io.FixedLenFeature], model_inputs: ModelInputs
+) -> None:
+    """Check that every model input and the label are in the spec with the promised shape."""
+    expected: dict[str, tuple[tf.DType, list[int]]] = {model_inputs.label: (tf.int64, [])}
+    for name in model_inputs.numeric:
+        expected[name] = (tf.float32, [])
+    for name in model_inputs.categorical:
+        expected[name] = (tf.int64, [])
+    for name, (_, seq_len) in model_inputs.text.items():
+        expected[name] = (tf.int64, [seq_len])
+    for name, (dtype, shape) in expected.items():
+        spec = feature_spec.get(name)
+        if spec is None:
+            kind = "text column" if name in model_inputs.text else "feature"
+            raise InputDataError(
+                f"{kind} {name!r} is named in ModelInputs but missing from the transformed "
+                f"feature_spec (has: {sorted(feature_spec)}); check the Transform output"
+            )
+        if not isinstance(spec, tf.io.FixedLenFeature):
+            raise InputDataError(f"feature {name!r} must be a FixedLenFeature, got {spec!r}")
+        if spec.dtype != dtype or list(spec.shape) != shape:
+            raise InputDataError(
+                f"feature {name!r} must be {dtype.name} of shape {shape}, the spec says "
+                f"{spec.dtype.name} of shape {list(spec.shape)}"
+            )
+
+
+def make_dataset(
+    files: Sequence[str],
+    feature_spec: Mapping[str, tf.io.FixedLenFeature],
+    model_inputs: ModelInputs,
+    config: TrainingConfig,
+    *,
+    batch_size: int,
+    training: bool,
+    compression: str | None = "GZIP",
+    input_context: tf.distribute.InputContext | None = None,
+    skip_batches: int = 0,
+    seed_offset: int = 0,
+) -> tf.data.Dataset:
+    """One input pipeline's dataset of ``(features_dict, label)`` with ``batch_size`` rows.
+
+    training=True: repeated forever, shuffled (seeded), full batches only. training=False: the
+    files once, in order, last partial batch kept. ``skip_batches`` drops that many batches
+    after batching but before parsing (resume: the skipped records are read, never parsed).
+    """
+    if not files:
+        raise InputDataError("no input files were given")
+    files = sorted(str(f) for f in files)  # a stable base order, whatever the caller's glob gave
+    n_pipes = input_context.num_input_pipelines if input_context else 1
+    pipe_id = input_context.input_pipeline_id if input_context else 0
+    # Shard by file when every pipeline gets at least one; otherwise every pipeline reads all
+    # files and keeps every n-th record (correct, but each worker then reads all the bytes).
+    record_shard = n_pipes > 1 and len(files) < n_pipes
+    if n_pipes > 1 and not record_shard:
+        files = files[pipe_id::n_pipes]
+    # Record sharding needs the same record order on every worker, so it forces determinism.
+    deterministic = config.input_deterministic or record_shard
+    seed = config.seed + seed_offset
+
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if training and config.shuffle_files and len(files) > 1:
+        # Same seed on every worker: file order only matters within a pipeline's own shard.
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if training and not config.cache:
+        ds = ds.repeat()  # repeat the file list, so each epoch reshuffles the files
+    compression_type = compression or ""
+    ds = ds.interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type),
+        cycle_length=config.interleave_cycle_length,  # None = AUTOTUNE (CPU count)
+        num_parallel_calls=AUTOTUNE,
+        deterministic=deterministic,
+    )
+    if record_shard:
+        ds = ds.shard(n_pipes, pipe_id)
+    if config.cache:
+        ds = ds.cache()  # raw records, before shuffle, so each epoch still shuffles
+        if training:
+            ds = ds.repeat()
+    if training and config.shuffle_buffer_size > 0:
+        ds = ds.shuffle(
+            config.shuffle_buffer_size, seed=seed + 7919 * pipe_id, reshuffle_each_iteration=True
+        )
+    ds = ds.batch(batch_size, drop_remainder=training)
+    if skip_batches:
+        ds = ds.skip(skip_batches)
+
+    spec = dict(feature_spec)
+    keep = model_inputs.feature_names
+    label_key = model_inputs.label
+
+    def parse(serialized):
+        # Vectorized: one ParseExample over the whole batch.
+        parsed = tf.io.parse_example(serialized, spec)
+        return {k: parsed[k] for k in keep}, parsed[label_key]
+
+    ds = ds.map(
+        parse,
+        num_parallel_calls=config.num_parallel_calls or AUTOTUNE,
+        deterministic=deterministic,
+    )
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    # We shard ourselves (by file, above); TF's auto-sharding would shard a second time.
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    ds = ds.with_options(options)
+    return ds.prefetch(config.prefetch_buffer_size or AUTOTUNE)
+
+
+def make_distributed_dataset(
+    strategy: tf.distribute.Strategy,
+    files: Sequence[str],
+    feature_spec: Mapping[str, tf.io.FixedLenFeature],
+    model_inputs: ModelInputs,
+    config: TrainingConfig,
+    *,
+    per_replica_batch_size: int,
+    training: bool,
+    compression: str | None = "GZIP",
+    start_step: int = 0,
+):
+    """``strategy.distribute_datasets_from_function`` over :func:`make_dataset`.
+
+    Each input pipeline (one per worker) yields per-replica batches; its replicas take
+    consecutive batches. On resume (``start_step`` > 0) the data position is restored by
+    ``config.resume_data``: "skip" replays the seeded order and drops the batches already
+    trained on (exact: same batches as an uninterrupted run; cost: reading, not parsing, them),
+    "reseed" starts a fresh seeded order (instant, but not the uninterrupted run's order).
+    """
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        per_pipeline = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        skip = seed_offset = 0
+        if training and start_step:
+            if config.resume_data == "skip":
+                skip = start_step * per_pipeline
+            else:
+                seed_offset = start_step
+        return make_dataset(
+            files,
+            feature_spec,
+            model_inputs,
+            config,
+            batch_size=per_replica_batch_size,
+            training=training,
+            compression=compression,
+            input_context=ctx,
+            skip_batches=skip,
+            seed_offset=seed_offset,
+        )
+
+    return strategy.distribute_datasets_from_function(dataset_fn)

@@ -1,0 +1,196 @@
+"""Models: a tabular MLP and a BERT-style Transformer encoder, both ending in a float32 softmax.
+
+Every layer gets its dtype policy passed explicitly (no global ``set_dtype_policy``), so the
+same builder makes the mixed-precision training model and the float32 serving twin. The final
+Dense+softmax is always float32: softmax/cross-entropy in bf16/fp16 loses the small
+probabilities that the loss's log needs.
+
+Inputs: a dict keyed by transformed feature name (numeric: float32 [batch]; categorical:
+int64 [batch]; text: int64 [batch, seq_len] with 0 = padding). Output: float32 [batch, classes].
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import layers, ops
+
+from trainer_module.training.config import ModelInputs, TrainingConfig
+from trainer_module.training.precision import dtype_policy
+
+
+@keras.saving.register_keras_serializable(package="fullthrottle")
+class PositionEmbedding(layers.Layer):
+    """Adds a learned embedding of the position (0..seq_len-1) to a [batch, seq, d] input."""
+
+    def __init__(self, seq_len: int, d_model: int, **kwargs):
+        super().__init__(**kwargs)
+        self.seq_len = seq_len
+        self.d_model = d_model
+
+    def build(self, input_shape):
+        self.positions = self.add_weight(
+            name="positions",
+            shape=(self.seq_len, self.d_model),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+        )
+
+    def call(self, x):
+        return x + ops.cast(self.positions, x.dtype)[None, :, :]
+
+    def get_config(self):
+        return {**super().get_config(), "seq_len": self.seq_len, "d_model": self.d_model}
+
+
+@keras.saving.register_keras_serializable(package="fullthrottle")
+class TransformerBlock(layers.Layer):
+    """Pre-LayerNorm encoder block: x + MHA(LN(x)), then x + FFN(LN(x)).
+
+    Pre-LN trains stably without a learning-rate warm-up tuned per depth (Xiong et al. 2020).
+    """
+
+    def __init__(self, d_model, heads, ffn_dim, dropout_rate, **kwargs):
+        super().__init__(**kwargs)
+        self.d_model, self.heads, self.ffn_dim = d_model, heads, ffn_dim
+        self.dropout_rate = dropout_rate
+        p = self.dtype_policy
+        self.ln1 = layers.LayerNormalization(epsilon=1e-6, dtype=p)
+        self.mha = layers.MultiHeadAttention(heads, d_model // heads, dropout=dropout_rate, dtype=p)
+        self.ln2 = layers.LayerNormalization(epsilon=1e-6, dtype=p)
+        self.ffn1 = layers.Dense(ffn_dim, activation="gelu", dtype=p)
+        self.ffn2 = layers.Dense(d_model, dtype=p)
+        self.drop = layers.Dropout(dropout_rate, dtype=p)
+
+    def build(self, input_shape):
+        self.ln1.build(input_shape)
+        self.mha.build(input_shape, input_shape)
+        self.ln2.build(input_shape)
+        self.ffn1.build(input_shape)
+        self.ffn2.build((*input_shape[:-1], self.ffn_dim))
+
+    def call(self, x, attention_mask=None, training=None):
+        h = self.ln1(x)
+        h = self.mha(h, h, attention_mask=attention_mask, training=training)
+        x = x + self.drop(h, training=training)
+        h = self.ffn2(self.ffn1(self.ln2(x)))
+        return x + self.drop(h, training=training)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "heads": self.heads,
+            "ffn_dim": self.ffn_dim,
+            "dropout_rate": self.dropout_rate,
+        }
+
+
+@keras.saving.register_keras_serializable(package="fullthrottle")
+class PaddingMask(layers.Layer):
+    """token ids [B, S] -> attention mask [B, S, S] (True where the key is not padding)."""
+
+    def call(self, ids):
+        keep = ops.not_equal(ids, 0)
+        return ops.logical_and(keep[:, None, :], ops.ones_like(keep)[:, :, None])
+
+
+@keras.saving.register_keras_serializable(package="fullthrottle")
+class MaskedPooling(layers.Layer):
+    """[B, S, d] -> [B, d]: mean over non-padding tokens, or the first (CLS) position."""
+
+    def __init__(self, mode: str = "mean", **kwargs):
+        super().__init__(**kwargs)
+        self.mode = mode
+
+    def call(self, x, ids):
+        if self.mode == "cls":
+            return x[:, 0, :]
+        w = ops.cast(ops.not_equal(ids, 0), x.dtype)[:, :, None]
+        # max(count, 1): an all-padding row pools to zeros instead of NaN.
+        return ops.sum(x * w, axis=1) / ops.maximum(ops.sum(w, axis=1), 1.0)
+
+    def get_config(self):
+        return {**super().get_config(), "mode": self.mode}
+
+
+def _inputs(model_inputs: ModelInputs) -> dict[str, keras.KerasTensor]:
+    inputs = {}
+    for name in model_inputs.numeric:
+        inputs[name] = keras.Input(shape=(), dtype="float32", name=name)
+    for name in model_inputs.categorical:
+        inputs[name] = keras.Input(shape=(), dtype="int64", name=name)
+    for name, (_, seq_len) in model_inputs.text.items():
+        inputs[name] = keras.Input(shape=(seq_len,), dtype="int64", name=name)
+    return inputs
+
+
+def _tabular_features(inputs, model_inputs: ModelInputs, config: TrainingConfig, policy):
+    """Numeric features as columns + one embedding per categorical feature, concatenated."""
+    parts = []
+    if model_inputs.numeric:
+        numeric = [layers.Reshape((1,), dtype=policy)(inputs[n]) for n in model_inputs.numeric]
+        parts.append(numeric[0] if len(numeric) == 1 else layers.Concatenate(dtype=policy)(numeric))
+    for name, card in model_inputs.categorical.items():
+        emb = layers.Embedding(card, config.embedding_dim, dtype=policy, name=f"emb_{name}")
+        parts.append(emb(inputs[name]))
+    return parts
+
+
+def _head(x, model_inputs: ModelInputs) -> keras.KerasTensor:
+    # float32 regardless of the training policy (see module docstring).
+    return layers.Dense(
+        model_inputs.num_classes, activation="softmax", dtype="float32", name="probabilities"
+    )(x)
+
+
+def build_model(
+    model_inputs: ModelInputs, config: TrainingConfig, policy_name: str = "float32"
+) -> keras.Model:
+    """Build the configured model with layers computing in ``policy_name`` (call it inside
+    ``strategy.scope()`` for training). Output: float32 class probabilities."""
+    policy = dtype_policy(policy_name)
+    kind = config.resolved_model(model_inputs)
+    inputs = _inputs(model_inputs)
+    parts = _tabular_features(inputs, model_inputs, config, policy)
+    if kind == "transformer":
+        for name, (vocab, seq_len) in model_inputs.text.items():
+            ids = inputs[name]
+            d = config.transformer_d_model
+            x = layers.Embedding(vocab, d, dtype=policy, name=f"tok_{name}")(ids)
+            x = PositionEmbedding(seq_len, d, dtype=policy, name=f"pos_{name}")(x)
+            x = layers.Dropout(config.dropout_rate, dtype=policy)(x)
+            mask = PaddingMask(dtype=policy, name=f"mask_{name}")(ids)
+            for i in range(config.transformer_layers):
+                x = TransformerBlock(
+                    d,
+                    config.transformer_heads,
+                    config.transformer_ffn_dim,
+                    config.dropout_rate,
+                    dtype=policy,
+                    name=f"block{i}_{name}",
+                )(x, attention_mask=mask)
+            x = layers.LayerNormalization(epsilon=1e-6, dtype=policy, name=f"ln_{name}")(x)
+            parts.append(
+                MaskedPooling(config.transformer_pooling, dtype=policy, name=f"pool_{name}")(x, ids)
+            )
+    # Text columns are ignored by the tabular model (they are only read by the transformer).
+    x = parts[0] if len(parts) == 1 else layers.Concatenate(dtype=policy)(parts)
+    for i, units in enumerate(config.hidden_units):
+        x = layers.Dense(units, activation="relu", dtype=policy, name=f"dense{i}")(x)
+        if config.dropout_rate:
+            x = layers.Dropout(config.dropout_rate, dtype=policy)(x)
+    if kind == "tabular":
+        used = {k: v for k, v in inputs.items() if k not in model_inputs.text}
+    else:
+        used = inputs
+    return keras.Model(inputs=used, outputs=_head(x, model_inputs), name=f"fullthrottle_{kind}")
+
+
+def build_serving_model(
+    model: keras.Model, model_inputs: ModelInputs, config: TrainingConfig
+) -> keras.Model:
+    """A float32 twin of ``model`` carrying its trained weights (mixed-precision graphs are
+    slow on CPU servers, and float16 serving would change predictions). Built outside any
+    strategy scope, so the result is a plain single-device model."""
+    serving = build_model(model_inputs, config, "float32")
+    serving.set_weights([w.astype("float32") for w in model.get_weights()])
+    return serving

@@ -88,7 +88,7 @@ def read_latest_run(mlmd_path: str) -> RunOutcome | None:
     if not runs:
         return None
     run = max(runs, key=lambda c: (c.create_time_since_epoch, c.id))
-    executions = store.get_executions_by_context(run.id)
+    executions = sorted(store.get_executions_by_context(run.id), key=lambda e: e.id)
     components: dict[str, ComponentOutcome] = {}
     artifact_ids: dict[int, list[tuple[str, int]]] = {}
     for event in store.get_events_by_execution_ids([e.id for e in executions]):

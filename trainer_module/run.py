@@ -9,6 +9,7 @@ logs.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import sys
@@ -96,13 +97,25 @@ def run_fn(fn_args: Any) -> None:
     model_inputs = model_inputs_from(spec, tft_output)
     feature_spec = tft_output.transformed_feature_spec()
 
+    train_files = _expand(list(fn_args.train_files))
+    eval_files = _expand(list(fn_args.eval_files))
+    work_dir = stable_work_dir(
+        fn_args,
+        key_material={
+            "train_files": train_files,
+            "transform_output": fn_args.transform_output,
+            "training": custom.get("training", {}),
+            "train_steps": training.train_steps,
+            "code": custom.get("code_fingerprint"),
+        },
+    )
     result = train(
         config=training,
         model_inputs=model_inputs,
         feature_spec=feature_spec,
-        train_files=_expand(list(fn_args.train_files)),
-        eval_files=_expand(list(fn_args.eval_files)),
-        work_dir=fn_args.model_run_dir,
+        train_files=train_files,
+        eval_files=eval_files,
+        work_dir=work_dir,
         hooks=[ProgressLines()],
     )
     if not result.is_chief:
@@ -113,10 +126,42 @@ def run_fn(fn_args: Any) -> None:
         label=spec.label,
         export_dir=fn_args.serving_model_dir,
     )
+    # TensorBoard logs (and a profile, if captured) belong to this execution's model_run artifact.
+    for name in ("logs", "profile"):
+        source = os.path.join(work_dir, name)
+        if tf.io.gfile.isdir(source):
+            _copy_tree(source, os.path.join(fn_args.model_run_dir, name))
     summary = summarize(result)
-    os.makedirs(fn_args.model_run_dir, exist_ok=True)
-    with open(os.path.join(fn_args.model_run_dir, SUMMARY_FILE), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=2, default=float)
+    summary["work_dir"] = work_dir
+    tf.io.gfile.makedirs(fn_args.model_run_dir)
+    with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, SUMMARY_FILE), "w") as f:
+        f.write(json.dumps(summary, indent=2, default=float))
+    # The model is exported: its checkpoints have done their job. Removing them means a later
+    # run with the same inputs (cache disabled) trains afresh instead of "resuming" at the end.
+    tf.io.gfile.rmtree(work_dir)
+
+
+def stable_work_dir(fn_args: Any, *, key_material: dict[str, Any]) -> str:
+    """A checkpoint folder that survives a killed pipeline run.
+
+    TFX gives every Trainer execution a new `model_run_dir`, so a rerun after a crash would not
+    find the killed execution's checkpoints there. This folder is keyed by what determines the
+    training (input files, transform graph, training config, code), so the rerun of the same
+    training resumes from its last checkpoint, and a different training never does.
+    """
+    key = hashlib.sha256(json.dumps(key_material, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    # model_run_dir = <pipeline_root>/Trainer/model_run/<execution id>
+    trainer_root = os.path.dirname(os.path.dirname(os.path.normpath(fn_args.model_run_dir)))
+    return os.path.join(trainer_root, "training_state", key)
+
+
+def _copy_tree(source: str, target: str) -> None:
+    for directory, _, files in tf.io.gfile.walk(source):
+        relative = os.path.relpath(directory, source)
+        destination = os.path.normpath(os.path.join(target, relative))
+        tf.io.gfile.makedirs(destination)
+        for name in files:
+            tf.io.gfile.copy(os.path.join(directory, name), os.path.join(destination, name), overwrite=True)
 
 
 def summarize(result: Any) -> dict[str, Any]:

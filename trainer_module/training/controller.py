@@ -78,7 +78,11 @@ class TrainResult:
     loss_scale_skipped_steps: int  # steps whose update was skipped for non-finite gradients
     start_step: int  # step restored from a checkpoint (0 for a fresh run)
     model_kind: str
+    checkpoint_dir: str  # where THIS worker saved (non-chief: a temp dir, removed at the end)
     history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    # The model as trained (training dtype policy, strategy-placed variables), on every worker.
+    # For export use `serving_model`; this is for checks such as "workers stayed in sync".
+    model: keras.Model | None = None
 
 
 # The `tensorboard` package (which implements tf.summary.scalar) is not in the locked
@@ -166,7 +170,18 @@ def train(
     loop = TrainLoop(strategy, model, optimizer, config, batch)
 
     chief_ckpt_dir = os.path.join(work_dir, "checkpoints")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=loop.step)
+    # Keras keeps dropout RNG state in SeedGenerator variables that tf.train.Checkpoint does not
+    # reach through the model; without them a resumed run would redraw the first run's masks.
+    rng_state = tf.train.Checkpoint(
+        **{
+            f"seed{i}": v.value
+            for i, v in enumerate(model.non_trainable_variables)
+            if "seed_generator_state" in v.path
+        }
+    )
+    checkpoint = tf.train.Checkpoint(
+        model=model, optimizer=optimizer, step=loop.step, rng_state=rng_state
+    )
     own_tmp = None
     if info.is_chief:
         ckpt_dir = chief_ckpt_dir
@@ -205,7 +220,7 @@ def train(
     )
     scale_var = loss_scale_variable(optimizer)
     run_info = {
-        "strategy": strategy_name(strategy),
+        "strategy_name": strategy_name(strategy),
         "num_replicas": strategy.num_replicas_in_sync,
         "num_workers": info.num_workers,
         "global_batch_size": batch.global_batch,
@@ -217,6 +232,7 @@ def train(
         "model": model_kind,
         "parameters": int(model.count_params()),
         "start_step": start_step,
+        "initial_step": start_step,  # alias of start_step
         "train_steps": config.train_steps,
         "work_dir": work_dir,
     }
@@ -350,7 +366,9 @@ def train(
         loss_scale_skipped_steps=int(loop.step.numpy()) - int(optimizer.iterations.numpy()),
         start_step=start_step,
         model_kind=model_kind,
+        checkpoint_dir=ckpt_dir,
         history=tuple(history),
+        model=model,
     )
     for h in hooks:
         h.on_train_end(result)

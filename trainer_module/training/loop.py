@@ -13,10 +13,19 @@ device busy and reads results once per loop. ``n`` is a tensor argument, so a sh
 
 from __future__ import annotations
 
+import time
+
 import keras
 import tensorflow as tf
+from tensorflow.python.framework import config as _tf_config
 
 from trainer_module.training.config import BatchSizes, TrainingConfig
+
+
+def _op_determinism_enabled() -> bool:
+    # No public getter exists (only enable_op_determinism); this is what TF itself consults.
+    getter = getattr(_tf_config, "is_op_determinism_enabled", None)
+    return bool(getter()) if getter else False
 
 
 def _local_tensors(strategy: tf.distribute.Strategy, structure) -> list[tf.Tensor]:
@@ -59,6 +68,11 @@ class TrainLoop:
         self.last_loss = tf.Variable(0.0, dtype=tf.float32, trainable=False)
         self.steps_run = tf.Variable(0, dtype=tf.int64, trainable=False)
         self.bad_step = tf.Variable(-1, dtype=tf.int64, trainable=False)
+
+        # The device clock (tf.timestamp) is refused under op determinism, so deterministic runs
+        # read the host's monotonic clock through py_function (a few tens of us per call; the
+        # control dependencies below order it exactly like the device stamp).
+        self._host_clock = config.deterministic or _op_determinism_enabled()
 
         grads_fn = self._gradients
         if config.jit_compile:
@@ -143,6 +157,11 @@ class TrainLoop:
             return tf.identity(loss)
 
     # ----------------------------------------------------------------------- N-step loop
+    def _now(self):
+        if self._host_clock:
+            return tf.py_function(time.perf_counter, [], tf.float64)
+        return tf.timestamp()
+
     def _train_loop(self, iterator, num_steps):
         """Run ``num_steps`` steps; stops early at the first non-finite loss (``bad_step``).
 
@@ -156,12 +175,12 @@ class TrainLoop:
         self.loss_sum.assign(0.0)
         self.steps_run.assign(0)
         self.bad_step.assign(-1)
-        prev_end = tf.timestamp()
+        prev_end = self._now()
         for _ in tf.range(num_steps):
             with tf.control_dependencies([prev_end]):
                 features, labels = next(iterator)
             with tf.control_dependencies(_local_tensors(self.strategy, (features, labels))):
-                got = tf.timestamp()
+                got = self._now()
             per_replica = self.strategy.run(self._replica_step, args=(features, labels))
             # Replicas hold loss shares of the global mean (see compute_average_loss): SUM.
             loss = self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
@@ -171,7 +190,7 @@ class TrainLoop:
             self.last_loss.assign(loss)
             self.steps_run.assign_add(1)
             with tf.control_dependencies([loss, step]):
-                prev_end = tf.timestamp()
+                prev_end = self._now()
             if not tf.math.is_finite(loss):
                 self.bad_step.assign(step)
                 break

@@ -134,4 +134,7 @@ def create_strategy(config: TrainingConfig) -> tf.distribute.Strategy:
 
 
 def strategy_name(strategy: tf.distribute.Strategy) -> str:
+    """Public name (MultiWorkerMirroredStrategy's class is CollectiveAllReduceStrategy)."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "MultiWorkerMirroredStrategy"
     return type(strategy).__name__

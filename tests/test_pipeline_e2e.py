@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -61,34 +60,34 @@ def test_pushed_model_answers_held_out_examples(penguins_run):
     assert accuracy > 0.9, accuracy
 
 
+def _feature_value(feature: tf.train.Feature):
+    for kind in ("float_list", "int64_list", "bytes_list"):
+        values = getattr(feature, kind).value
+        if values:
+            return values[0]
+    return None
+
+
 def test_raw_feature_signature_matches_example_signature(penguins_run):
     output_dir, _ = penguins_run
     last = last_run(output_dir)
     model = tf.saved_model.load(last["pushed_model_dir"])
-    records = eval_split_examples(last, limit=16)
-    parsed = [tf.train.Example.FromString(r).features.feature for r in records]
-
-    def column(name, kind):
-        values = []
-        for features in parsed:
-            f = features[name]
-            if kind == "float":
-                values.append(f.float_list.value[0] if f.float_list.value else float(f.int64_list.value[0]) if f.int64_list.value else math.nan)
-            else:
-                values.append(f.bytes_list.value[0] if f.bytes_list.value else b"")
-        return values
-
-    raw_sig = model.signatures["predict_raw"]
-    inputs = {}
-    for name, spec in raw_sig.structured_input_signature[1].items():
-        values = column(name, "bytes" if spec.dtype == tf.string else "float")
-        inputs[name] = tf.constant(values, dtype=spec.dtype) if spec.dtype != tf.int64 else tf.constant([int(v) if not math.isnan(v) else 0 for v in values], tf.int64)
-    # Rows with a missing value cannot be expressed as dense raw tensors: compare the complete ones.
-    complete = [i for i, features in enumerate(parsed) if all(len(getattr(features[n], k).value) for n in inputs for k in ("float_list", "int64_list", "bytes_list") if getattr(features[n], k).value) and all(n in features for n in inputs)]
-    raw_probabilities = raw_sig(**inputs)["probabilities"].numpy()
-    example_probabilities = model.signatures["serving_default"](examples=tf.constant([strip_label(r, "species") for r in records]))["probabilities"].numpy()
-    assert complete
-    np.testing.assert_allclose(raw_probabilities[complete], example_probabilities[complete], atol=1e-5)
+    raw_signature = model.signatures["predict_raw"]
+    specs = raw_signature.structured_input_signature[1]
+    assert "species" not in specs and set(specs) >= {"island", "bill_length_mm", "sex"}
+    # Dense raw tensors cannot say "missing": compare on rows where every feature is present.
+    rows = []
+    for record in eval_split_examples(last):
+        features = tf.train.Example.FromString(record).features.feature
+        values = {name: _feature_value(features[name]) for name in specs}
+        if all(v is not None for v in values.values()):
+            rows.append((record, values))
+    assert len(rows) >= 20
+    inputs = {name: tf.constant([values[name] for _, values in rows], dtype=spec.dtype) for name, spec in specs.items()}
+    raw_probabilities = raw_signature(**inputs)["probabilities"].numpy()
+    examples = tf.constant([strip_label(record, "species") for record, _ in rows])
+    example_probabilities = model.signatures["serving_default"](examples=examples)["probabilities"].numpy()
+    np.testing.assert_allclose(raw_probabilities, example_probabilities, atol=1e-5)
 
 
 def test_second_run_reuses_the_cache(penguins_run):

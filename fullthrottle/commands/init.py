@@ -1,0 +1,229 @@
+"""`fullthrottle init`: a commented, editable config for the user's own data, inferred from a sample.
+
+Owns: turning an `Inference` (fullthrottle/inference.py) into YAML whose comments explain each
+field and each decision, and writing it only after `load_config` accepts it. Refuses to overwrite
+an existing file unless `--force` is given (nothing good is overwritten).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from fullthrottle.errors import ConfigError
+
+DEFAULT_OUTPUT = "fullthrottle.yaml"
+DEFAULT_TRAIN_STEPS = 1000
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "init",
+        help="write a commented config for your own CSV (or TFRecord folder)",
+        description=(
+            "Reads a sample of your data, decides for each column whether it is numeric, "
+            "categorical or free text (or drops it, with the reason), and writes a commented YAML "
+            "config you can edit. Then `fullthrottle run --config FILE` trains on it."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  fullthrottle init --data reviews.csv --label rating\n"
+            "  fullthrottle init --data reviews.csv --label rating --text title --output reviews.yaml\n"
+            "  fullthrottle run --config reviews.yaml --set training.train_steps=200"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--data",
+        required=True,
+        metavar="PATH",
+        help="a CSV file, or a folder of CSV or TFRecord files",
+    )
+    parser.add_argument(
+        "--label", required=True, metavar="COLUMN", help="the column to predict (a class)"
+    )
+    parser.add_argument(
+        "--text",
+        action="append",
+        default=[],
+        metavar="COLUMN",
+        help="treat COLUMN as free text whatever the heuristics say (repeatable)",
+    )
+    parser.add_argument(
+        "--output",
+        default=DEFAULT_OUTPUT,
+        metavar="FILE",
+        help=f"config file to write (default: {DEFAULT_OUTPUT})",
+    )
+    parser.add_argument("--force", action="store_true", help="overwrite FILE if it exists")
+    parser.add_argument(
+        "--sample-rows",
+        type=int,
+        default=None,
+        metavar="N",
+        help="rows (or records) to read for the inference (default: 20000)",
+    )
+    return parser
+
+
+def _scalar(value: Any) -> str:
+    """A YAML flow scalar / list (JSON is valid YAML, and quotes whatever needs quoting)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _name_from(path: Path) -> str:
+    stem = path.stem if path.is_file() else path.name
+    name = re.sub(r"[^A-Za-z0-9_-]+", "-", stem).strip("-_") or "data"
+    return name[:40]
+
+
+def _comment(text: str) -> str:
+    # A value taken from the data must not break out of its comment line.
+    return text.replace("\n", " ").replace("\r", " ")
+
+
+def render_config(inference: Any, *, config_path: Path) -> str:
+    """The YAML text: every field `init` sets, each with a comment saying what it means."""
+    name = _name_from(inference.path)
+    try:
+        data_path = os.path.relpath(inference.path.resolve(), config_path.resolve().parent)
+    except ValueError:  # another drive (Windows): keep it absolute
+        data_path = str(inference.path.resolve())
+    baseline = inference.majority_fraction
+    # The bar to be pushed: at least as accurate as always answering the most frequent class.
+    threshold = math.floor(baseline * 100) / 100
+    label_report = inference.report(inference.label)
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        f"# fullthrottle config for {inference.path}",
+        f"# written by `fullthrottle init` on {now} from {inference.rows_sampled} sampled rows of",
+        f"# {inference.source_file}. Edit freely: fields not listed keep their defaults",
+        "# (fullthrottle/config.py). Train with:",
+        f"#   fullthrottle run --config {config_path.name}",
+        "# Override single fields on the command line (--set training.train_steps=2000) or pick a",
+        "# hardware preset (--preset cpu | gpu | multi_gpu | multi_worker).",
+        "",
+        f"pipeline_name: {_scalar(name)}   # names the run in ML Metadata and under pipeline_root/",
+        f"model_name: {_scalar(name)}      # pushed to <output_dir>/serving/<model_name>/<version>/",
+        f"output_dir: {_scalar('runs/' + name)}   # relative to where you run fullthrottle",
+        "",
+        "data:",
+        "  # A CSV file or folder of CSVs, or a folder of TFRecord files; relative to this file.",
+        f"  path: {_scalar(data_path)}",
+        f"  format: {inference.format}",
+        "  # The column to predict; each distinct value is a class.",
+        f"  label: {_scalar(inference.label)}   # {_comment(label_report.reason)}",
+        "  # numeric: every present cell is a number. Missing cells get the training mean, then",
+        "  # each column is scaled to mean 0, variance 1.",
+    ]
+
+    def column_lines(key: str, names: tuple[str, ...]) -> None:
+        if not names:
+            lines.append(f"  {key}: []")
+            return
+        lines.append(f"  {key}:")
+        for column in names:
+            report = inference.report(column)
+            missing = f"; {report.missing} missing" if report.missing else ""
+            lines.append(f"    - {_scalar(column)}   # {_comment(report.reason)}{missing}")
+
+    column_lines("numeric", inference.numeric)
+    lines += [
+        "  # categorical: a vocabulary of the values seen in training; unseen values share one",
+        "  # out-of-vocabulary id, a missing cell is a value of its own.",
+    ]
+    column_lines("categorical", inference.categorical)
+    lines += [
+        "  # text: tokenized (word = split on spaces, char = one token per character, for CJK),",
+        "  # cut to max_tokens, vocabulary of the vocab_size most frequent tokens. With a text",
+        "  # column the model is a small Transformer; without, an MLP.",
+    ]
+    if not inference.text:
+        lines.append("  text: []")
+    else:
+        lines.append("  text:")
+        for settings in inference.text:
+            report = inference.report(settings.name)
+            lines += [
+                f"    - name: {_scalar(settings.name)}   # {_comment(report.reason)}",
+                f"      tokenizer: {settings.tokenizer}",
+                f"      max_tokens: {settings.max_tokens}   # ~95th percentile of the token count",
+                f"      vocab_size: {settings.vocab_size}",
+            ]
+    if inference.dropped:
+        lines.append("  # Dropped by init (add a column above if you disagree):")
+        for report in inference.dropped:
+            lines.append(f"  #   {_comment(report.name)}: {_comment(report.reason)}")
+    lines += [
+        "  # Cells equal to one of these are missing values.",
+        f"  na_values: {_scalar(list(inference.na_values))}",
+        "  # Rows are split by a hash into train : eval buckets (3 : 1 = 75% train).",
+        "  train_buckets: 3",
+        "  eval_buckets: 1",
+        "",
+        "training:",
+        "  # Optimizer steps; one step sees global_batch_size = per_replica_batch_size x replicas rows.",
+        f"  train_steps: {DEFAULT_TRAIN_STEPS}",
+        "  per_replica_batch_size: 64",
+        "  learning_rate: 0.001",
+        "  # auto: mixed_bfloat16 on CPUs with AVX512_BF16/AMX, mixed_float16 on GPUs with tensor",
+        "  # cores, float32 otherwise (`fullthrottle doctor` says what it picks here and why).",
+        "  precision: auto",
+        "  # auto: several workers (TF_CONFIG) > several GPUs (mirrored) > one device.",
+        "  strategy: auto",
+        "",
+        "evaluation:",
+        "  # The model is pushed only if its eval accuracy reaches this. Set by init to the share of",
+        f"  # the most frequent class in the sample ({baseline:.1%}): the model must do at least as",
+        "  # well as always answering that class. Raise it once you know what is achievable.",
+        f"  accuracy_threshold: {threshold}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fullthrottle.config import load_config
+    from fullthrottle.inference import DEFAULT_SAMPLE_ROWS, infer_columns
+
+    output = Path(args.output)
+    if output.exists() and not args.force:
+        raise ConfigError(
+            f"{output} already exists; init does not overwrite it. Pass --force to replace it, or "
+            "--output to write somewhere else."
+        )
+    if output.exists() and output.is_dir():
+        raise ConfigError(
+            f"--output {output} is a folder; name a file such as {output / DEFAULT_OUTPUT}"
+        )
+    sample_rows = args.sample_rows or DEFAULT_SAMPLE_ROWS
+    if sample_rows < 2:
+        raise ConfigError(f"--sample-rows must be >= 2, got {sample_rows}")
+    inference = infer_columns(
+        args.data, label=args.label, text_columns=tuple(args.text), sample_rows=sample_rows
+    )
+    text = render_config(inference, config_path=output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    try:
+        load_config(tmp)  # the file we hand out must load; a failure here is a bug in init
+    except Exception:
+        tmp.unlink()
+        raise
+    os.replace(tmp, output)
+
+    out = sys.stdout
+    out.write(f"fullthrottle init: read {inference.rows_sampled} rows of {inference.source_file}\n")
+    width = max(len(c.name) for c in inference.columns)
+    for report in inference.columns:
+        out.write(f"  {report.name:<{width}}  {report.kind:<11}  {report.reason}\n")
+    out.write(f"wrote {output}. Check it, then train:\n  fullthrottle run --config {output}\n")
+    return 0

@@ -1,0 +1,444 @@
+"""Column inference for `fullthrottle init`: what kind of feature each column of a sample is.
+
+Owns: reading a sample (the first `sample_rows` rows of a CSV file, or records of a TFRecord
+folder), deciding per column, and explaining each decision in one line. Refuses (with a
+`DataError` naming the file and column): a file that is not comma-separated UTF-8 text, a label
+column that is not in the data, a label with a single value (nothing to classify) or with so many
+distinct values that it looks continuous, and data with no usable feature left.
+
+The heuristics, in order (the same text is in docs/own-data.md):
+
+1. A cell is missing when it is empty or one of `NA_CANDIDATES` ("NA", "N/A", "null", ...).
+2. A column with no present value in the sample, or a single distinct value, is dropped with a
+   note (there is nothing to learn from it). For the label this is an error.
+3. numeric: every present cell parses as a number (CSV), or the values are float/int lists
+   (TFRecord).
+4. text: named with `--text`, or strings that are long (mean length >= 30 characters) or
+   sentence-like (mean >= 3 whitespace-separated words and >= 50% distinct values).
+   The tokenizer is "char" when most values contain CJK characters (no spaces between words),
+   else "word".
+5. A string column whose values are all distinct and short is dropped: it looks like an
+   identifier, and an identifier's vocabulary would only memorize rows.
+6. categorical: every other string column.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fullthrottle.errors import DataError
+
+DEFAULT_SAMPLE_ROWS = 20_000
+# Cells that mean "missing" in real CSVs. Only the ones seen in the sample go into the config.
+NA_CANDIDATES = ("NA", "N/A", "n/a", "NaN", "nan", "null", "NULL", "None", "?")
+TEXT_MIN_MEAN_LENGTH = 30
+TEXT_MIN_MEAN_WORDS = 3
+TEXT_MIN_DISTINCT_FRACTION = 0.5
+# A label with more distinct values than this (and more than half the rows distinct) looks
+# continuous: fullthrottle trains classifiers.
+LABEL_MAX_CLASSES = 200
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+_TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz", ".gz", ".tfr")
+
+
+@dataclass(frozen=True)
+class TextSettings:
+    """What `init` proposes for one text column (fields of `fullthrottle.config.TextColumn`)."""
+
+    name: str
+    tokenizer: str
+    max_tokens: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class ColumnReport:
+    """One column's decision and the evidence for it, for the comments in the written config."""
+
+    name: str
+    kind: str  # "label" | "numeric" | "categorical" | "text" | "dropped"
+    reason: str
+    present: int
+    missing: int
+    distinct: int
+
+
+@dataclass(frozen=True)
+class Inference:
+    """The result of reading a sample: ready to be written as a `DataSpec`."""
+
+    path: Path
+    format: str  # "csv" | "tfrecord"
+    source_file: Path  # the file the sample came from
+    rows_sampled: int
+    label: str
+    label_classes: tuple[tuple[str, int], ...]  # (value, count), most frequent first
+    numeric: tuple[str, ...]
+    categorical: tuple[str, ...]
+    text: tuple[TextSettings, ...]
+    dropped: tuple[ColumnReport, ...]
+    na_values: tuple[str, ...]
+    columns: tuple[ColumnReport, ...] = field(default_factory=tuple)
+
+    @property
+    def majority_fraction(self) -> float:
+        """Share of the most frequent class among labelled rows (the trivial baseline's accuracy)."""
+        total = sum(count for _, count in self.label_classes)
+        return self.label_classes[0][1] / total if total else 0.0
+
+    def report(self, name: str) -> ColumnReport:
+        return next(c for c in self.columns if c.name == name)
+
+
+# --- reading a sample -----------------------------------------------------------------------
+def _read_csv_sample(path: Path, sample_rows: int) -> tuple[list[str], list[list[str]]]:
+    """Header and the first `sample_rows` data rows; refuses files that are not CSV text."""
+    with path.open("rb") as f:
+        head = f.read(1 << 16)
+    if not head.strip():
+        raise DataError(f"{path} is empty: a CSV needs a header line and at least one row of data")
+    if b"\x00" in head:
+        raise DataError(
+            f"{path} contains NUL bytes: it is a binary file, not a CSV. Point --data at a "
+            "comma-separated text file (or a folder of TFRecord files)."
+        )
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # A multi-byte character cut at the 64 KiB boundary is fine; anything earlier is not.
+        if exc.start < len(head) - 4:
+            line = head[: exc.start].count(b"\n") + 1
+            raise DataError(
+                f"{path} is not UTF-8 text (bad byte at line {line}): it is not a CSV file "
+                "fullthrottle can read. Re-save it as UTF-8 CSV."
+            ) from None
+    rows: list[list[str]] = []
+    try:
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            if header is None:
+                raise DataError(f"{path} is empty: a CSV needs a header line and at least one row")
+            header = [h.strip() for h in header]
+            for row in reader:
+                if not row or not any(cell.strip() for cell in row):
+                    continue
+                if len(row) != len(header):
+                    raise DataError(
+                        f"{path}, line {reader.line_num}: {len(row)} fields where the header has "
+                        f"{len(header)}. Is this a comma-separated file? Fix the row or convert "
+                        "the file to CSV."
+                    )
+                rows.append(row)
+                if len(rows) >= sample_rows:
+                    break
+    except UnicodeDecodeError:
+        raise DataError(
+            f"{path} is not UTF-8 text: it is not a CSV file fullthrottle can read. Re-save it "
+            "as UTF-8 CSV."
+        ) from None
+    except csv.Error as exc:
+        raise DataError(f"{path} is not a readable CSV file: {exc}") from None
+    if len(header) < 2:
+        raise DataError(
+            f"{path} has a single column {header[0]!r}: fullthrottle needs comma-separated "
+            "columns (a label and at least one feature). Is the delimiter something other than "
+            "a comma? Convert the file to CSV first."
+        )
+    if not all(header):
+        position = header.index("") + 1
+        raise DataError(f"{path}: column {position} of the header has no name; name every column")
+    duplicated = [name for name, n in Counter(header).items() if n > 1]
+    if duplicated:
+        raise DataError(
+            f"{path}: the header names column(s) {', '.join(map(repr, duplicated))} twice"
+        )
+    if not rows:
+        raise DataError(f"{path} has a header but no rows of data")
+    return header, rows
+
+
+def _is_tfrecord_file(path: Path) -> bool:
+    return path.name.lower().endswith(_TFRECORD_SUFFIXES)
+
+
+def _read_tfrecord_sample(
+    files: list[Path], sample_rows: int
+) -> tuple[list[str], list[dict[str, list]], dict[str, str]]:
+    """Feature names, per-record values and each feature's value kind ("float"/"int"/"bytes")."""
+    import tensorflow as tf
+
+    records: list[dict[str, list]] = []
+    kinds: dict[str, str] = {}
+    for path in files:
+        compression = "GZIP" if path.read_bytes()[:2] == b"\x1f\x8b" else ""
+        try:
+            dataset = tf.data.TFRecordDataset([str(path)], compression_type=compression)
+            for raw in dataset.take(sample_rows - len(records)):
+                example = tf.train.Example.FromString(raw.numpy())
+                values: dict[str, list] = {}
+                for name, feature in example.features.feature.items():
+                    kind = feature.WhichOneof("kind")
+                    if kind is None:
+                        continue
+                    short = {"float_list": "float", "int64_list": "int", "bytes_list": "bytes"}[
+                        kind
+                    ]
+                    if kinds.setdefault(name, short) != short and {kinds[name], short} != {
+                        "float",
+                        "int",
+                    }:
+                        raise DataError(
+                            f"{path}: feature {name!r} holds {short} values in one record and "
+                            f"{kinds[name]} in another; give it one type"
+                        )
+                    values[name] = list(getattr(feature, kind).value)
+                records.append(values)
+        except DataError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - TF raises DataLossError and friends; all mean bad input
+            raise DataError(
+                f"{path} is not a readable TFRecord file of tf.Example records ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0] if str(exc) else ''}). Point --data at a CSV file or a "
+                "folder of TFRecord files."
+            ) from None
+        if len(records) >= sample_rows:
+            break
+    if not records:
+        raise DataError(f"{files[0]} holds no records")
+    names = sorted(kinds)
+    return names, records, kinds
+
+
+# --- deciding ------------------------------------------------------------------------------
+def _parses_as_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _text_settings(name: str, values: list[str]) -> TextSettings:
+    cjk = sum(1 for v in values if _CJK.search(v)) > len(values) / 2
+    tokenizer = "char" if cjk else "word"
+    if tokenizer == "char":
+        lengths = sorted(len([c for c in v if not c.isspace()]) for v in values)
+        tokens = Counter(c for v in values for c in v.lower() if not c.isspace())
+    else:
+        lengths = sorted(len(v.split()) for v in values)
+        tokens = Counter(t for v in values for t in v.lower().split())
+    # 95th percentile of the length, rounded up to a multiple of 8: long outliers are truncated
+    # rather than padding every example to the longest one.
+    p95 = lengths[min(len(lengths) - 1, math.ceil(0.95 * len(lengths)) - 1)] if lengths else 8
+    max_tokens = min(256, max(8, 8 * math.ceil(p95 / 8)))
+    # Twice the tokens seen in the sample (the full data has more), at least 100, at most 20k.
+    vocab_size = min(20_000, max(100, 2 * len(tokens)))
+    return TextSettings(name, tokenizer, max_tokens, vocab_size)
+
+
+def _describe_values(counter: Counter, limit: int = 4) -> str:
+    shown = [repr(v)[:40] for v, _ in counter.most_common(limit)]
+    more = f", ... ({len(counter)} in all)" if len(counter) > limit else ""
+    return ", ".join(shown) + more
+
+
+def _decide(
+    name: str,
+    present: list,
+    *,
+    numeric: bool,
+    forced_text: bool,
+) -> tuple[str, str]:
+    """(kind, reason) for one feature column from its present values."""
+    counter = Counter(present)
+    if not present:
+        return "dropped", "no value in the sample (every cell is missing)"
+    if len(counter) == 1:
+        only = next(iter(counter))
+        return (
+            "dropped",
+            f"a single value ({str(only)[:40]!r}) in every present cell: nothing to learn from",
+        )
+    if forced_text:
+        return "text", "named with --text"
+    if numeric:
+        numbers = [float(v) for v in present]
+        finite = [v for v in numbers if math.isfinite(v)]
+        span = f"{min(finite):g} .. {max(finite):g}" if finite else "no finite value"
+        return "numeric", f"every present cell is a number ({span})"
+    strings = [str(v) for v in present]
+    mean_length = sum(len(v) for v in strings) / len(strings)
+    mean_words = sum(len(v.split()) for v in strings) / len(strings)
+    distinct_fraction = len(counter) / len(strings)
+    if mean_length >= TEXT_MIN_MEAN_LENGTH:
+        return "text", f"long strings (mean {mean_length:.0f} characters)"
+    if mean_words >= TEXT_MIN_MEAN_WORDS and distinct_fraction >= TEXT_MIN_DISTINCT_FRACTION:
+        return "text", (
+            f"sentence-like strings (mean {mean_words:.1f} words, {distinct_fraction:.0%} distinct)"
+        )
+    if len(counter) == len(strings) and len(strings) >= 20:
+        return (
+            "dropped",
+            "every value is distinct: it looks like an identifier (add it back if it is not)",
+        )
+    return "categorical", f"{len(counter)} distinct values: {_describe_values(counter)}"
+
+
+def _source_files(path: Path) -> tuple[str, list[Path]]:
+    if not path.exists():
+        raise DataError(f"data path {path} does not exist; point --data at a CSV file or a folder")
+    if path.is_file():
+        if _is_tfrecord_file(path):
+            raise DataError(
+                f"{path} is a single TFRecord file: fullthrottle reads TFRecord data from a folder; "
+                "put it in a folder of its own and point --data at that folder"
+            )
+        return "csv", [path]
+    files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise DataError(f"data folder {path} has no files in it")
+    if all(_is_tfrecord_file(p) for p in files):
+        return "tfrecord", files
+    if any(_is_tfrecord_file(p) for p in files):
+        raise DataError(
+            f"data folder {path} mixes TFRecord and other files; keep one kind per folder"
+        )
+    return "csv", files
+
+
+def infer_columns(
+    path: str | Path,
+    *,
+    label: str,
+    text_columns: tuple[str, ...] = (),
+    sample_rows: int = DEFAULT_SAMPLE_ROWS,
+) -> Inference:
+    """Reads a sample of `path` and decides every column; raises `DataError` on unusable input."""
+    path = Path(path)
+    data_format, files = _source_files(path)
+    if data_format == "csv":
+        header, rows = _read_csv_sample(files[0], sample_rows)
+        seen_na = {cell for row in rows for cell in row if cell in NA_CANDIDATES}
+        na_values = tuple(v for v in NA_CANDIDATES if v in seen_na)
+        columns: dict[str, list] = {h: [] for h in header}
+        for row in rows:
+            for name, cell in zip(header, row, strict=True):
+                columns[name].append(None if cell == "" or cell in seen_na else cell)
+        numeric_kinds = {
+            name: all(_parses_as_number(v) for v in values if v is not None)
+            for name, values in columns.items()
+        }
+        rows_sampled = len(rows)
+    else:
+        header, records, kinds = _read_tfrecord_sample(files, sample_rows)
+        na_values = ()
+        columns = {h: [] for h in header}
+        for record in records:
+            for name in header:
+                values = record.get(name) or []
+                value = values[0] if values else None
+                if isinstance(value, bytes):
+                    value = value.decode("utf-8", errors="replace")
+                columns[name].append(value)
+        numeric_kinds = {name: kinds[name] in ("float", "int") for name in header}
+        rows_sampled = len(records)
+    where = files[0]
+
+    if label not in columns:
+        close = [h for h in header if h.lower() == label.lower()]
+        hint = f" (did you mean {close[0]!r}? names are case-sensitive)" if close else ""
+        raise DataError(
+            f"{where} has no label column {label!r}{hint}; its columns are: {', '.join(header)}. "
+            "Pass one of them with --label."
+        )
+    unknown_text = [t for t in text_columns if t not in columns]
+    if unknown_text:
+        raise DataError(
+            f"{where} has no column {', '.join(map(repr, unknown_text))} (named with --text); its "
+            f"columns are: {', '.join(header)}"
+        )
+    if label in text_columns:
+        raise DataError(
+            f"--text names the label column {label!r}; the label cannot also be a feature"
+        )
+
+    label_values = [str(v) for v in columns[label] if v is not None]
+    label_counter = Counter(label_values)
+    label_missing = rows_sampled - len(label_values)
+    if len(label_counter) < 2:
+        found = (
+            f"only the value {next(iter(label_counter))!r}" if label_counter else "no value at all"
+        )
+        raise DataError(
+            f"label column {label!r} of {where} has {found} in the {rows_sampled} rows sampled: a "
+            "classifier needs at least two classes. Pick another --label or add rows of other classes."
+        )
+    if len(label_counter) > LABEL_MAX_CLASSES and len(label_counter) > len(label_values) / 2:
+        raise DataError(
+            f"label column {label!r} of {where} has {len(label_counter)} distinct values in "
+            f"{len(label_values)} rows: it looks continuous or like an identifier, and fullthrottle "
+            "trains classifiers. Bucket it into classes first, or pick another --label."
+        )
+    reports = [
+        ColumnReport(
+            label,
+            "label",
+            f"{len(label_counter)} classes: {_describe_values(label_counter)}"
+            + (f"; {label_missing} rows have no label" if label_missing else ""),
+            len(label_values),
+            label_missing,
+            len(label_counter),
+        )
+    ]
+    numeric: list[str] = []
+    categorical: list[str] = []
+    text: list[TextSettings] = []
+    dropped: list[ColumnReport] = []
+    for name in header:
+        if name == label:
+            continue
+        present = [v for v in columns[name] if v is not None]
+        kind, reason = _decide(
+            name,
+            present,
+            numeric=numeric_kinds[name],
+            forced_text=name in text_columns,
+        )
+        report = ColumnReport(
+            name, kind, reason, len(present), rows_sampled - len(present), len(set(present))
+        )
+        reports.append(report)
+        if kind == "numeric":
+            numeric.append(name)
+        elif kind == "categorical":
+            categorical.append(name)
+        elif kind == "text":
+            text.append(_text_settings(name, [str(v) for v in present]))
+        else:
+            dropped.append(report)
+    if not (numeric or categorical or text):
+        notes = "; ".join(f"{r.name}: {r.reason}" for r in dropped) or "there is no other column"
+        raise DataError(
+            f"{where}: no usable feature column besides the label {label!r} ({notes}). A model "
+            "needs at least one column that varies."
+        )
+    return Inference(
+        path=path,
+        format=data_format,
+        source_file=files[0],
+        rows_sampled=rows_sampled,
+        label=label,
+        label_classes=tuple(label_counter.most_common()),
+        numeric=tuple(numeric),
+        categorical=tuple(categorical),
+        text=tuple(text),
+        dropped=tuple(dropped),
+        na_values=na_values,
+        columns=tuple(reports),
+    )

@@ -12,15 +12,15 @@ import dataclasses
 import hashlib
 import json
 import os
-import sys
 from typing import Any
 
 import tensorflow as tf
 import tensorflow_transform as tft
 
+from fullthrottle.progress import TrainerProgress
 from serving.signatures import export_serving_model
 from trainer_module.features import LABEL_VOCAB, NUM_OOV_BUCKETS, transformed_name, vocab_name
-from trainer_module.training import ModelInputs, TrainingConfig, TrainingHook, train
+from trainer_module.training import ModelInputs, TrainingConfig, train
 
 SUMMARY_FILE = "training_summary.json"
 
@@ -46,32 +46,6 @@ def model_inputs_from(spec: Any, tft_output: tft.TFTransformOutput) -> ModelInpu
         label=transformed_name(spec.label),
         num_classes=tft_output.vocabulary_size_by_name(LABEL_VOCAB),
     )
-
-
-class ProgressLines(TrainingHook):
-    """Plain periodic progress lines (no control characters), for logs and CI."""
-
-    def __init__(self, stream: Any = None) -> None:
-        self._stream = stream or sys.stderr
-        self._total = 0
-
-    def on_train_begin(self, info: dict) -> None:
-        self._total = int(info.get("train_steps", 0))
-        start = info.get("initial_step", 0)
-        self._stream.write(
-            f"[trainer] start step={start}/{self._total} strategy={info.get('strategy_name')} "
-            f"replicas={info.get('num_replicas')} global_batch={info.get('global_batch_size')} "
-            f"precision={info.get('precision_policy')}\n"
-        )
-        self._stream.flush()
-
-    def on_loop_end(self, step: int, metrics: dict) -> None:
-        parts = [f"[trainer] step {step}/{self._total}"]
-        for key in ("loss", "examples_per_second", "input_wait_fraction", "learning_rate"):
-            if key in metrics and metrics[key] is not None:
-                parts.append(f"{key}={float(metrics[key]):.4g}")
-        self._stream.write(" ".join(parts) + "\n")
-        self._stream.flush()
 
 
 def _expand(patterns: list[str]) -> list[str]:
@@ -116,7 +90,7 @@ def run_fn(fn_args: Any) -> None:
         train_files=train_files,
         eval_files=eval_files,
         work_dir=work_dir,
-        hooks=[ProgressLines()],
+        hooks=[TrainerProgress()],
     )
     if not result.is_chief:
         return

@@ -80,9 +80,12 @@ def run(args: argparse.Namespace) -> int:
     )
     error: BaseException | None = None
     try:
+        from fullthrottle.progress import PipelineProgress
         from pipelines.local_runner import run_local
 
-        run_local(config, input_base=prepared.input_base)
+        # Component states and durations on stderr while the pipeline runs (issue 9).
+        with PipelineProgress(str(config.mlmd_path)):
+            run_local(config, input_base=prepared.input_base)
     except Exception as exc:  # noqa: BLE001 - re-raised below with the failing component named
         error = exc
     summary = write_last_run(config, started_at=started_at, error=error)

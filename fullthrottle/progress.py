@@ -1,0 +1,307 @@
+"""Progress you can watch: pipeline components as they run, and the Trainer's steps.
+
+Two independent displays, both writing whole lines to stderr:
+
+- `PipelineProgress`: a background thread that follows the newest pipeline run in the MLMD
+  SQLite store `fullthrottle run` writes, and prints each component's state changes with its
+  duration (``[pipeline] Transform complete 12.4 s``). It reads a byte copy of the store, never
+  the store itself, so it takes no SQLite lock the pipeline could trip over.
+- `TrainerProgress`: a `TrainingHook` showing step, loss, examples/s and ETA. On a terminal it
+  redraws one line (a bar); otherwise (CI, logs, pipes) it prints plain lines with no control
+  characters, at most one per `plain_interval_seconds`, plus the first and last loop.
+
+Neither display ever stops the work it watches: a failed poll is skipped, not raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from trainer_module.training import TrainingHook
+
+# ml_metadata.proto.metadata_store_pb2.Execution.State values (stable in the MLMD schema).
+_STATE_NAMES = {
+    0: "unknown",
+    1: "new",
+    2: "running",
+    3: "complete",
+    4: "failed",
+    5: "cached",
+    6: "canceled",
+}
+_FINAL_STATES = {"complete", "failed", "cached", "canceled"}
+# Erase the current terminal line before writing a full one (TTY only), so a line printed while
+# the trainer's bar is showing does not end up glued to the bar.
+_CLEAR_LINE = "\r\x1b[K"
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # closed stream
+        return False
+
+
+def _format_seconds(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+# --- pipeline components, from ML Metadata ------------------------------------------------------
+@dataclass(frozen=True)
+class ComponentState:
+    component: str
+    state: str
+    seconds: float
+
+
+def read_component_states(mlmd_path: str, *, since_ms: int) -> list[ComponentState] | None:
+    """Component states of the newest pipeline run created at or after `since_ms`.
+
+    Returns None when there is no such run yet (or the copy could not be read). Reads a copy of
+    the SQLite file: a reader holding a lock on the live store could make the pipeline's own
+    writes fail with "database is locked".
+    """
+    if not os.path.exists(mlmd_path):
+        return None
+    with tempfile.TemporaryDirectory(prefix="fullthrottle-progress-") as tmp:
+        copy = os.path.join(tmp, "mlmd.sqlite")
+        try:
+            shutil.copyfile(mlmd_path, copy)
+            connection = sqlite3.connect(f"file:{copy}?mode=ro", uri=True)
+        except (OSError, sqlite3.Error):
+            return None
+        try:
+            run = connection.execute(
+                "SELECT c.id FROM Context c JOIN Type t ON c.type_id = t.id "
+                "WHERE t.name = 'pipeline_run' AND c.create_time_since_epoch >= ? "
+                "ORDER BY c.create_time_since_epoch DESC, c.id DESC LIMIT 1",
+                (since_ms,),
+            ).fetchone()
+            if run is None:
+                return None
+            rows = connection.execute(
+                "SELECT e.id, e.last_known_state, e.create_time_since_epoch, "
+                "e.last_update_time_since_epoch, node.name "
+                "FROM Association a JOIN Execution e ON a.execution_id = e.id "
+                "JOIN Association na ON na.execution_id = e.id "
+                "JOIN Context node ON node.id = na.context_id "
+                "JOIN Type nt ON node.type_id = nt.id AND nt.name = 'node' "
+                "WHERE a.context_id = ? ORDER BY e.id",
+                (run[0],),
+            ).fetchall()
+        except sqlite3.Error:  # a copy taken mid-write: try again at the next poll
+            return None
+        finally:
+            connection.close()
+    states = []
+    for _, state, created_ms, updated_ms, node_name in rows:
+        states.append(
+            ComponentState(
+                component=node_name.split(".", 1)[-1],  # "<pipeline>.<Component>"
+                state=_STATE_NAMES.get(state, "unknown"),
+                seconds=max(0.0, ((updated_ms or created_ms) - created_ms) / 1000.0),
+            )
+        )
+    return states
+
+
+class PipelineProgress:
+    """Prints component state changes of the run in progress; use as a context manager.
+
+    Owns one daemon thread, started by `__enter__` and joined by `__exit__` (which also prints
+    whatever changed since the last poll, so the final states are always shown).
+    """
+
+    def __init__(
+        self,
+        mlmd_path: str,
+        *,
+        stream: TextIO | None = None,
+        poll_seconds: float = 1.0,
+        heartbeat_seconds: float = 60.0,
+    ) -> None:
+        self._mlmd_path = str(mlmd_path)
+        self._stream = stream or sys.stderr
+        self._poll_seconds = poll_seconds
+        self._heartbeat_seconds = heartbeat_seconds
+        self._terminal = _is_terminal(self._stream)
+        self._since_ms = 0
+        self._seen: dict[str, str] = {}
+        self._running_since: dict[str, float] = {}
+        self._last_heartbeat: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> PipelineProgress:
+        # MLMD times are wall-clock milliseconds; a second of slack for clock granularity.
+        self._since_ms = int(time.time() * 1000) - 1000
+        self._thread = threading.Thread(
+            target=self._loop, name="fullthrottle-progress", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.poll()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._poll_seconds):
+            self.poll()
+
+    def _write(self, line: str) -> None:
+        prefix = _CLEAR_LINE if self._terminal else ""
+        with contextlib.suppress(ValueError, OSError):  # a closed stream must not stop the run
+            self._stream.write(f"{prefix}[pipeline] {line}\n")
+            self._stream.flush()
+
+    def poll(self) -> None:
+        """One look at the store; prints what changed. Never raises on a bad read."""
+        states = read_component_states(self._mlmd_path, since_ms=self._since_ms)
+        now = time.monotonic()
+        for component in states or ():
+            name, state = component.component, component.state
+            if self._seen.get(name) == state:
+                if (
+                    state == "running"
+                    and now - self._last_heartbeat.get(name, now) >= self._heartbeat_seconds
+                ):
+                    elapsed = now - self._running_since.get(name, now)
+                    self._write(f"{name} still running ({_format_seconds(elapsed)})")
+                    self._last_heartbeat[name] = now
+                continue
+            self._seen[name] = state
+            if state in _FINAL_STATES:
+                self._write(f"{name:<18} {state:<9} {component.seconds:7.1f} s")
+            else:
+                self._running_since.setdefault(name, now)
+                self._last_heartbeat[name] = now
+                self._write(f"{name:<18} {state}")
+
+    @property
+    def seen(self) -> dict[str, str]:
+        """Component -> last state printed (for tests and summaries)."""
+        return dict(self._seen)
+
+
+# --- the trainer -------------------------------------------------------------------------------
+class TrainerProgress(TrainingHook):
+    """Step, loss, examples/s and ETA of the running Trainer.
+
+    On a terminal: one line redrawn after every loop (a bar). Otherwise: plain lines, no control
+    characters, at most one per `plain_interval_seconds` (the first and the last loop always).
+    Throughput and ETA use the loops after the first one (which includes tracing) when there are
+    any.
+    """
+
+    def __init__(
+        self,
+        stream: TextIO | None = None,
+        *,
+        terminal: bool | None = None,
+        plain_interval_seconds: float = 10.0,
+        bar_width: int = 24,
+    ) -> None:
+        self._stream = stream or sys.stderr
+        self._terminal = _is_terminal(self._stream) if terminal is None else terminal
+        self._plain_interval = plain_interval_seconds
+        self._bar_width = bar_width
+        self._total = 0
+        self._start_step = 0
+        self._started = 0.0
+        self._last_plain = -float("inf")
+        self._loops: list[tuple[int, float]] = []  # (steps, seconds) per loop
+        self._examples_per_second = 0.0
+        self._bar_showing = False
+
+    def _emit(self, text: str, *, redraw: bool = False) -> None:
+        with contextlib.suppress(ValueError, OSError):
+            if self._terminal:
+                self._stream.write(_CLEAR_LINE + text + ("" if redraw else "\n"))
+                self._bar_showing = redraw
+            else:
+                self._stream.write(text + "\n")
+            self._stream.flush()
+
+    def on_train_begin(self, info: dict) -> None:
+        self._total = int(info.get("train_steps", 0))
+        self._start_step = int(info.get("start_step", info.get("initial_step", 0)))
+        self._started = time.monotonic()
+        resumed = f" (resumed from step {self._start_step})" if self._start_step else ""
+        self._emit(
+            f"[trainer] start step {self._start_step}/{self._total}{resumed}: {info.get('model')} model, "
+            f"{info.get('parameters')} parameters, {info.get('strategy_name')} x{info.get('num_replicas')}, "
+            f"global batch {info.get('global_batch_size')}, {info.get('precision_policy')}"
+        )
+
+    def _steady_rate(self) -> float | None:
+        """Seconds per step, from the loops after the first (tracing) one when there are any."""
+        loops = self._loops[1:] if len(self._loops) > 1 else self._loops
+        steps = sum(n for n, _ in loops)
+        seconds = sum(s for _, s in loops)
+        return seconds / steps if steps else None
+
+    def on_loop_end(self, step: int, metrics: dict) -> None:
+        steps = int(metrics.get("steps") or 0)
+        wall = float(metrics.get("wall_time") or 0.0)
+        if steps:
+            self._loops.append((steps, wall))
+        seconds_per_step = self._steady_rate()
+        eta = (self._total - step) * seconds_per_step if seconds_per_step is not None else None
+        self._examples_per_second = float(metrics.get("examples_per_second") or 0.0)
+        loss = metrics.get("loss")
+        loss_text = f"{float(loss):.4f}" if loss is not None else "-"
+        fraction = step / self._total if self._total else 1.0
+        eta_text = _format_seconds(eta) if eta is not None else "?"
+        wait = metrics.get("input_wait_fraction")
+        wait_text = f" input_wait={float(wait):.0%}" if wait is not None else ""
+        if self._terminal:
+            filled = int(round(fraction * self._bar_width))
+            bar = "#" * filled + "-" * (self._bar_width - filled)
+            self._emit(
+                f"[trainer] [{bar}] {step}/{self._total} loss {loss_text} "
+                f"{self._examples_per_second:,.0f} ex/s ETA {eta_text}",
+                redraw=step < self._total,
+            )
+            return
+        now = time.monotonic()
+        first = len(self._loops) <= 1
+        last = step >= self._total
+        if not (first or last or now - self._last_plain >= self._plain_interval):
+            return
+        self._last_plain = now
+        self._emit(
+            f"[trainer] step {step}/{self._total} ({fraction:.0%}) loss={loss_text} "
+            f"examples/s={self._examples_per_second:.0f}{wait_text} eta={eta_text}"
+        )
+
+    def on_train_end(self, result: Any) -> None:
+        if self._bar_showing:
+            self._emit("")  # end the bar's line
+        elapsed = time.monotonic() - self._started
+        accuracy = (result.eval_metrics or {}).get("accuracy")
+        accuracy_text = f", eval accuracy {accuracy:.4f}" if accuracy is not None else ""
+        self._emit(
+            f"[trainer] done: {result.steps_completed} steps in {_format_seconds(elapsed)}, "
+            f"examples/s={result.examples_per_second:.0f} (steady state), "
+            f"input_wait={result.input_wait_fraction:.0%}{accuracy_text}"
+        )

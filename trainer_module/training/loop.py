@@ -107,7 +107,13 @@ class TrainLoop:
             )
             # Identity for float32/bf16; multiplies by the dynamic scale under float16.
             scaled = self.optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, variables)
+        # Densify embedding gradients (IndexedSlices): Keras optimizers apply sparse and dense
+        # gradients with different arithmetic (Adam's moments differ for repeated ids), and
+        # MirroredStrategy's all-reduce turns slices into other slices, so keeping them sparse
+        # made 1-replica and 2-replica runs diverge. Dense = one topology-independent update.
+        grads = [
+            None if g is None else tf.convert_to_tensor(g) for g in tape.gradient(scaled, variables)
+        ]
         return grads, loss
 
     def _gradients(self, features, labels):
@@ -127,8 +133,7 @@ class TrainLoop:
             grads, loss = self._micro_gradients(
                 tf.nest.map_structure(micro, features), micro(labels)
             )
-            # Embedding grads arrive as IndexedSlices; accumulate densely.
-            acc = [a + tf.convert_to_tensor(g) for a, g in zip(acc, grads, strict=True)]
+            acc = [a + g for a, g in zip(acc, grads, strict=True)]
             total += loss
         return acc, total
 
@@ -141,13 +146,15 @@ class TrainLoop:
             # (an Inf on replica 1 would then be applied), without merge_call (multi-worker)
             # replicas could take different branches and hang in the all-reduce. One scalar
             # all-reduce makes the verdict global; a non-finite step becomes NaN everywhere.
-            local_ok = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+            local_ok = tf.reduce_all(
+                [tf.reduce_all(tf.math.is_finite(g)) for g in grads if g is not None]
+            )
             bad = tf.distribute.get_replica_context().all_reduce(
                 tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(local_ok, tf.float32)
             )
             grads = [
-                tf.where(bad < 0.5, g, tf.fill(tf.shape(g), float("nan")))
-                for g in map(tf.convert_to_tensor, grads)
+                None if g is None else tf.where(bad < 0.5, g, tf.fill(tf.shape(g), float("nan")))
+                for g in grads
             ]
         self.optimizer.apply(grads, self.model.trainable_variables)
         # Reading `iterations` after apply (same resource -> ordered by automatic control deps)

@@ -150,6 +150,183 @@ class EvalConfig:
             )
 
 
+# --- kubeflow (issue 7) --------------------------------------------------------------------
+_CPU_QUANTITY = re.compile(r"^(\d+(\.\d+)?|\d+m)$")  # "2", "0.5", "500m" (Kubernetes CPU units)
+_MEMORY_QUANTITY = re.compile(r"^\d+(\.\d+)?(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")  # "512Mi", "16Gi"
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+# Beam runners whose job cannot start without these flags; checked before compiling.
+BEAM_RUNNER_REQUIRED_ARGS: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
+    {
+        "DataflowRunner": ("--project", "--region", "--temp_location"),
+        "FlinkRunner": ("--flink_master",),
+        "SparkRunner": ("--spark_master_url",),
+        "PortableRunner": ("--job_endpoint",),
+    }
+)
+
+
+@dataclass(frozen=True)
+class StepResources:
+    """Container resources of one Kubeflow step. `None` inherits `kubeflow.resources.default`.
+
+    CPU and memory take Kubernetes quantities ("500m", "2", "512Mi", "16Gi"); the accelerator is
+    a Kubernetes resource name ("nvidia.com/gpu") and a count (0 = none).
+    """
+
+    # Numbers are accepted too (YAML reads `cpu_request: 2` as an int) and kept as strings.
+    cpu_request: str | float | None = None
+    cpu_limit: str | float | None = None
+    memory_request: str | float | None = None
+    memory_limit: str | float | None = None
+    accelerator_type: str | None = None
+    accelerator_count: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_request", "cpu_limit", "memory_request", "memory_limit"):
+            value = getattr(self, name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                text = str(int(value)) if float(value).is_integer() else str(value)
+                object.__setattr__(self, name, text)
+        for name in ("cpu_request", "cpu_limit"):
+            value = getattr(self, name)
+            if value is not None and not _CPU_QUANTITY.match(value):
+                raise ConfigError(f"`{name}` must be a CPU quantity like '2', '0.5' or '500m', got {value!r}")
+        for name in ("memory_request", "memory_limit"):
+            value = getattr(self, name)
+            if value is not None and not _MEMORY_QUANTITY.match(value):
+                raise ConfigError(f"`{name}` must be a memory quantity like '512Mi' or '16Gi', got {value!r}")
+        if self.accelerator_count is not None and self.accelerator_count < 0:
+            raise ConfigError(f"`accelerator_count` must be >= 0 (0 = no accelerator), got {self.accelerator_count}")
+        if self.accelerator_type is not None and not self.accelerator_type.strip():
+            raise ConfigError("`accelerator_type` must name a resource like 'nvidia.com/gpu', got ''")
+
+    def over(self, base: StepResources) -> StepResources:
+        """These resources, with every unset field taken from `base`."""
+        return StepResources(
+            **{
+                f.name: getattr(base, f.name) if getattr(self, f.name) is None else getattr(self, f.name)
+                for f in dataclasses.fields(self)
+            }
+        )
+
+
+# Built-in resources, beneath whatever `kubeflow.resources` sets: the Trainer on a GPU, the rest
+# on CPU. A user's field wins over these field by field, so `trainer.accelerator_count: 2` keeps
+# the Trainer's other built-in values.
+DEFAULT_STEP_RESOURCES = StepResources(cpu_request="1", memory_request="4Gi", memory_limit="8Gi")
+BUILTIN_STEP_RESOURCES: Mapping[str, StepResources] = types.MappingProxyType(
+    {
+        "trainer": StepResources(
+            cpu_request="4",
+            memory_request="16Gi",
+            memory_limit="32Gi",
+            accelerator_type="nvidia.com/gpu",
+            accelerator_count=1,
+        )
+    }
+)
+
+
+@dataclass(frozen=True)
+class PipelineResources:
+    """Per-step resources (`kubeflow.resources`); see `for_step` for how they combine."""
+
+    default: StepResources = field(default_factory=StepResources)
+    example_gen: StepResources = field(default_factory=StepResources)
+    statistics_gen: StepResources = field(default_factory=StepResources)
+    schema_gen: StepResources = field(default_factory=StepResources)
+    example_validator: StepResources = field(default_factory=StepResources)
+    transform: StepResources = field(default_factory=StepResources)
+    trainer: StepResources = field(default_factory=StepResources)
+    evaluator: StepResources = field(default_factory=StepResources)
+    pusher: StepResources = field(default_factory=StepResources)
+
+    def for_step(self, step: str) -> StepResources:
+        """Effective resources of `step` (a field name here, e.g. "trainer"), field by field:
+        this step's setting, else the step's built-in, else `default`, else the built-in default."""
+        builtin = BUILTIN_STEP_RESOURCES.get(step, StepResources())
+        return getattr(self, step).over(builtin).over(self.default).over(DEFAULT_STEP_RESOURCES)
+
+
+@dataclass(frozen=True)
+class TFJobConfig:
+    """The Trainer as a Kubeflow Training Operator TFJob (`kubeflow.tfjob`).
+
+    With `enabled`, the Trainer step creates a TFJob of `workers` replicas (one Chief plus
+    `workers - 1` Workers) that all run the same trainer code; the operator sets TF_CONFIG and the
+    training library picks MultiWorkerMirroredStrategy from it. The step waits for the job.
+    """
+
+    enabled: bool = False
+    workers: int = 2  # replicas in total, chief included
+    image: str | None = None  # default: `kubeflow.image`
+    # Per replica; unset fields come from `kubeflow.resources.trainer` (then `.default`).
+    resources: StepResources = field(default_factory=StepResources)
+    timeout_minutes: int = 24 * 60
+    poll_seconds: int = 30
+    clean_pod_policy: str = "Running"  # "None" keeps finished pods (and their logs)
+    service_account: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ConfigError(f"`workers` must be >= 1 (the chief counts as one), got {self.workers}")
+        if self.timeout_minutes <= 0:
+            raise ConfigError(f"`timeout_minutes` must be > 0, got {self.timeout_minutes}")
+        if self.poll_seconds <= 0:
+            raise ConfigError(f"`poll_seconds` must be > 0, got {self.poll_seconds}")
+        if self.clean_pod_policy not in ("None", "Running", "All"):
+            raise ConfigError(
+                f"`clean_pod_policy` must be 'None', 'Running' or 'All', got {self.clean_pod_policy!r}"
+            )
+        if self.image is not None and (not self.image or any(c.isspace() for c in self.image)):
+            raise ConfigError(f"`image` must be a container image reference, got {self.image!r}")
+
+
+@dataclass(frozen=True)
+class KubeflowConfig:
+    """How `fullthrottle compile --target kubeflow` builds the KFP v2 spec (`kubeflow:` section).
+
+    Paths are as the pods see them: an object store URI (gs://, s3://) or a volume mount path.
+    """
+
+    image: str = "fullthrottle:0.1.0"  # the image built from the repo's Dockerfile, pushed somewhere
+    pipeline_root: str = "/mnt/fullthrottle/pipeline_root"  # the pipeline name is appended
+    input_base: str = "/mnt/fullthrottle/data"  # folder of input files, staged as `run` stages them
+    serving_dir: str = "/mnt/fullthrottle/serving"  # the model name is appended
+    # Beam args of the data components. In a pod: DirectRunner with one process per core.
+    # A distributed runner replaces them, e.g. ["--runner=FlinkRunner", "--flink_master=...", ...].
+    beam_args: tuple[str, ...] = ("--direct_running_mode=multi_processing", "--direct_num_workers=0")
+    enable_cache: bool | None = None  # KFP step caching; None follows the top-level `enable_cache`
+    namespace: str = "kubeflow"  # of KFP runs and of TFJobs
+    resources: PipelineResources = field(default_factory=PipelineResources)
+    tfjob: TFJobConfig = field(default_factory=TFJobConfig)
+
+    def __post_init__(self) -> None:
+        if not self.image or any(c.isspace() for c in self.image):
+            raise ConfigError(f"`image` must be a container image reference, got {self.image!r}")
+        for name in ("pipeline_root", "input_base", "serving_dir"):
+            if not getattr(self, name):
+                raise ConfigError(f"`{name}` must not be empty: give a gs://, s3:// URI or a volume path")
+        if not _DNS_LABEL.match(self.namespace):
+            raise ConfigError(f"`namespace` must be a Kubernetes namespace name, got {self.namespace!r}")
+        flags = {arg.split("=", 1)[0] for arg in self.beam_args}
+        for arg in self.beam_args:
+            if not arg.startswith("--"):
+                raise ConfigError(f"`beam_args` entries must look like --flag=value, got {arg!r}")
+            if arg.startswith("--runner="):
+                runner = arg.split("=", 1)[1]
+                missing = [f for f in BEAM_RUNNER_REQUIRED_ARGS.get(runner, ()) if f not in flags]
+                if missing:
+                    raise ConfigError(
+                        f"`beam_args` selects {runner} but lacks {', '.join(missing)}: add "
+                        + ", ".join(f"{f}=..." for f in missing)
+                        + " (see docs/scaling.md)"
+                    )
+
+
+# --- end kubeflow (issue 7) ----------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything one `fullthrottle run` needs."""
@@ -162,6 +339,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
+    kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)  # issue 7
 
     def __post_init__(self) -> None:
         _check_name(self.pipeline_name, "pipeline_name")

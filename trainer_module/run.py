@@ -139,10 +139,10 @@ def _copy_tree(source: str, target: str) -> None:
 
 
 def summarize(result: Any) -> dict[str, Any]:
-    """The JSON-safe part of a `TrainResult` (everything but the model)."""
+    """The JSON-safe part of a `TrainResult` (everything but the models)."""
     summary = {}
     for field in dataclasses.fields(result):
-        if field.name == "serving_model":
+        if field.name in ("serving_model", "model"):
             continue
         summary[field.name] = getattr(result, field.name)
     return json.loads(json.dumps(summary, default=_json_default))

@@ -137,6 +137,47 @@ class BeamConfig:
                 raise ConfigError(f"`beam.extra_args` entries must look like --flag=value, got {arg!r}")
 
 
+# --- tracking (issue 5) --------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Where and how runs are tracked in MLflow (`tracking:` section; see docs/tracking.md).
+
+    Tracking never stops training: a server that is down or slow is retried `retries` times
+    (each request bounded by `request_timeout_seconds`), then the run is reported as having
+    incomplete tracking in last_run.json and the CLI's exit message.
+    """
+
+    enabled: bool = True
+    # None: $MLFLOW_TRACKING_URI if set, else SQLite + artifacts under <output_dir>/mlflow/.
+    uri: str | None = None
+    experiment: str | None = None  # None: the pipeline name
+    register_model: bool = True  # register blessed, pushed models under `model_name`
+    registry_alias: str = "champion"  # moved to the newest pushed version
+    retries: int = 3
+    retry_backoff_seconds: float = 1.0  # doubled after each failed attempt
+    request_timeout_seconds: int = 15
+    flush_timeout_seconds: float = 60.0  # how long the end of training waits for queued metrics
+    system_metrics_interval_seconds: float = 5.0  # CPU/memory/GPU sampling; 0 turns it off
+
+    def __post_init__(self) -> None:
+        if self.uri is not None and not self.uri.strip():
+            raise ConfigError("`tracking.uri` must be a URI (http://host:port, sqlite:///path) or null")
+        if self.experiment is not None and not self.experiment.strip():
+            raise ConfigError("`tracking.experiment` must be a non-empty name or null (= pipeline name)")
+        _check_name(self.registry_alias, "tracking.registry_alias")
+        if self.retries < 0:
+            raise ConfigError(f"`tracking.retries` must be >= 0, got {self.retries}")
+        for name in ("retry_backoff_seconds", "system_metrics_interval_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"`tracking.{name}` must be >= 0, got {getattr(self, name)}")
+        for name in ("request_timeout_seconds", "flush_timeout_seconds"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"`tracking.{name}` must be > 0, got {getattr(self, name)}")
+
+
+# --- end tracking (issue 5) ----------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """The Evaluator's blessing rule."""
@@ -338,6 +379,7 @@ class Config:
     data: DataSpec = field(default_factory=DataSpec)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)  # issue 5
     beam: BeamConfig = field(default_factory=BeamConfig)
     kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)  # issue 7
 

@@ -18,6 +18,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from fullthrottle.progress import TrainerProgress
+from fullthrottle.tracking import trainer_hooks  # issue 5
 from serving.signatures import export_serving_model
 from trainer_module.features import LABEL_VOCAB, NUM_OOV_BUCKETS, transformed_name, vocab_name
 from trainer_module.training import ModelInputs, TrainingConfig, train
@@ -90,7 +91,8 @@ def run_fn(fn_args: Any) -> None:
         train_files=train_files,
         eval_files=eval_files,
         work_dir=work_dir,
-        hooks=[TrainerProgress()],
+        # MLflow (issue 5): a hook only when `fullthrottle run` linked a parent run; chief only.
+        hooks=[TrainerProgress(), *trainer_hooks()],
     )
     if not result.is_chief:
         return

@@ -78,17 +78,23 @@ def run(args: argparse.Namespace) -> int:
         + (f" ({prepared.rows} rows)" if prepared.rows is not None else ""),
         file=sys.stderr,
     )
+    # --- tracking (issue 5): one MLflow run around the pipeline; never stops it -----------
+    from fullthrottle.tracking import finish_tracking, start_tracking, tracking_environment, tracking_message
+
+    tracker = start_tracking(config, source_files=prepared.source_files)
+    # --- end tracking ----------------------------------------------------------------------
     error: BaseException | None = None
     try:
         from fullthrottle.progress import PipelineProgress
         from pipelines.local_runner import run_local
 
         # Component states and durations on stderr while the pipeline runs (issue 9).
-        with PipelineProgress(str(config.mlmd_path)):
+        with PipelineProgress(str(config.mlmd_path)), tracking_environment(tracker):  # issue 5
             run_local(config, input_base=prepared.input_base)
     except Exception as exc:  # noqa: BLE001 - re-raised below with the failing component named
         error = exc
     summary = write_last_run(config, started_at=started_at, error=error)
+    summary = finish_tracking(tracker, summary, error=error)  # issue 5: adds `tracking` to last_run.json
     if error is not None:
         failed = summary.get("failed_component") or "a component"
         # Our own errors already say what to do; anything else is shown with its type.
@@ -96,8 +102,11 @@ def run(args: argparse.Namespace) -> int:
         raise PipelineFailedError(
             f"{failed} failed: {cause} Nothing was pushed by this run. Details: "
             f"{config.output_path / LAST_RUN}; rerun with --debug for the stack trace."
+            + tracking_message(summary, prefix=" ")  # issue 5
         ) from error
     print_summary(summary)
+    if tracking_message(summary):  # issue 5
+        print(tracking_message(summary), file=sys.stderr)
     return 0 if summary["blessed"] else EXIT_NOT_BLESSED
 
 

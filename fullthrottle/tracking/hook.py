@@ -1,0 +1,389 @@
+"""The Trainer's MLflow hook: training metrics, exactly once, without slowing training down.
+
+Owns the Trainer's nested MLflow run: derived params (replicas, global batch, precision policy,
+scaled learning rate), per-loop metrics with their step (loss, learning rate, examples/s,
+input-wait fraction, loss scale, step time), system metrics (CPU, memory, GPU when present),
+eval metrics at the end. Runs on the chief only (the training library calls hooks there only).
+
+Exactly once across a kill and resume:
+- every loop's record is appended to a journal in the training's work dir (the folder that holds
+  the checkpoints and survives a killed run), before anything is sent;
+- records are handed to the background sender only when a checkpoint covering their step has
+  been written (`on_checkpoint`), so MLflow never sees a step that a resume will train again;
+- on resume from step S, journaled records with step <= S that MLflow does not have yet (the
+  process died before they were sent) are sent; records after S are dropped (they are retrained).
+So each step is logged at most once and every step up to the last checkpoint is there.
+
+The nested run is found again by its parent run id and the training key (the work dir's name,
+derived from inputs, transform graph, training config and code), never created twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from mlflow.entities import Metric, Param, RunTag
+
+from fullthrottle.tracking.channel import Channel, MetricSender
+from fullthrottle.tracking.redact import redact_value
+from fullthrottle.tracking.store import TrainerLink
+from trainer_module.training import TrainingHook
+
+_log = logging.getLogger("fullthrottle.tracking")
+
+JOURNAL = "mlflow_journal.jsonl"
+LOOP_METRICS = (
+    "loss",
+    "learning_rate",
+    "examples_per_second",
+    "input_wait_fraction",
+    "loss_scale",
+    "step_time",
+)
+DERIVED_PARAMS = (
+    ("num_replicas", "num_replicas"),
+    ("num_workers", "num_workers"),
+    ("global_batch_size", "global_batch_size"),
+    ("per_replica_batch_size", "per_replica_batch_size"),
+    ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+    ("precision_policy", "precision_policy"),
+    ("scaled_learning_rate", "learning_rate"),
+    ("strategy", "strategy_name"),
+    ("model", "model"),
+    ("parameters", "parameters"),
+)
+COMPONENT_TAG = "fullthrottle.component"
+TRAINING_KEY_TAG = "fullthrottle.training_key"
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Journal:
+    """Loop records on local disk, one JSON line each; appended and flushed per loop (an OS
+    write, not an fsync: a killed process loses nothing the OS has, which is what resume needs)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: Any = None
+
+    def read(self) -> list[dict[str, Any]]:
+        if not os.path.exists(self.path):
+            return []
+        records = []
+        with open(self.path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a torn last line from a killed process
+        return records
+
+    def keep_until(self, step: int) -> list[dict[str, Any]]:
+        """Rewrites the journal with the records at or before `step`; returns them."""
+        kept = [r for r in self.read() if r["step"] <= step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            for record in kept:
+                f.write(json.dumps(record) + "\n")
+        os.replace(tmp, self.path)
+        return kept
+
+    def append(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across loops
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def _metrics_of(record: dict[str, Any]) -> list[Metric]:
+    return [
+        Metric(key=key, value=float(value), timestamp=record["timestamp"], step=record["step"])
+        for key, value in record["values"].items()
+    ]
+
+
+class SystemSampler:
+    """CPU, memory (and GPU when MLflow's GPU monitor finds one) every `interval` seconds, using
+    MLflow's own system-metric monitors (psutil, pynvml), sent through our batching sender.
+    The step is the training step at sampling time, so the curves line up with the loss."""
+
+    def __init__(
+        self, *, sender: MetricSender, run_id: str, interval: float, step_source: Any
+    ) -> None:
+        from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+
+        self._monitors = [CPUMonitor()]
+        try:
+            from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
+
+            self._monitors.append(GPUMonitor())
+        except Exception:  # noqa: BLE001 - no pynvml or no NVIDIA driver: no GPU metrics, by design
+            pass
+        self._sender, self._run_id, self._interval, self._step_source = (
+            sender,
+            run_id,
+            interval,
+            step_source,
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._loop, name="fullthrottle-system-metrics", daemon=True
+        )
+
+    @property
+    def has_gpu(self) -> bool:
+        return len(self._monitors) > 1
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._sample()  # one last point at the end of training
+
+    def _sample(self) -> None:
+        values: dict[str, float] = {}
+        for monitor in self._monitors:
+            try:
+                monitor.collect_metrics()
+                values.update(monitor.aggregate_metrics())
+                monitor.clear_metrics()
+            except Exception as exc:  # noqa: BLE001 - a failed sample is skipped, training goes on
+                _log.debug("system metric sample failed: %s", exc)
+        timestamp, step = _now_ms(), int(self._step_source())
+        self._sender.send(
+            self._run_id,
+            [
+                Metric(key=f"system/{k}", value=float(v), timestamp=timestamp, step=step)
+                for k, v in values.items()
+            ],
+        )
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self._sample()
+
+
+class MlflowTrainingHook(TrainingHook):
+    """Tracks one training run into a nested MLflow run under the pipeline's run."""
+
+    def __init__(self, link: TrainerLink) -> None:
+        self.link = link
+        self.channel = Channel(
+            link.uri, retries=link.retries, backoff_seconds=link.retry_backoff_seconds
+        )
+        self.sender: MetricSender | None = None
+        self.run_id: str | None = None
+        self.journal: Journal | None = None
+        self._pending: list[dict[str, Any]] = []
+        self._step = 0
+        self._sampler: SystemSampler | None = None
+
+    # --- TrainingHook ---------------------------------------------------------------------
+    def on_train_begin(self, info: dict[str, Any]) -> None:
+        work_dir = str(info["work_dir"])
+        start_step = int(info.get("start_step", 0))
+        self._step = start_step
+        os.makedirs(work_dir, exist_ok=True)
+        self.journal = Journal(os.path.join(work_dir, JOURNAL))
+        self.sender = MetricSender(self.channel)
+        self.run_id = self._attach_run(training_key=os.path.basename(os.path.normpath(work_dir)))
+        kept = self.journal.keep_until(start_step)
+        if self.run_id is not None:
+            self.channel.ok(
+                "mark the Trainer run running",
+                self.channel.client.update_run,
+                self.run_id,
+                status="RUNNING",
+            )
+            if start_step > 0:
+                self._resend_missing(kept)
+            self._log_derived(info)
+            if self.link.system_metrics_interval_seconds > 0:
+                self._sampler = SystemSampler(
+                    sender=self.sender,
+                    run_id=self.run_id,
+                    interval=self.link.system_metrics_interval_seconds,
+                    step_source=lambda: self._step,
+                )
+                self._sampler.start()
+        self._write_status()
+
+    def on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
+        values = {k: float(metrics[k]) for k in LOOP_METRICS if metrics.get(k) is not None}
+        record = {"step": int(step), "timestamp": _now_ms(), "values": values}
+        self._step = int(step)
+        if self.journal is not None:
+            self.journal.append(record)
+        self._pending.append(record)
+
+    def on_checkpoint(self, step: int, path: str) -> None:
+        """Releases the records this checkpoint covers: a resume will never train them again."""
+        self._release(until_step=step)
+
+    def on_train_end(self, result: Any) -> None:
+        self._release(until_step=None)
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self.run_id is not None and self.sender is not None:
+            timestamp, step = _now_ms(), int(result.steps_completed)
+            final = [
+                Metric(key=f"eval_{k}", value=float(v), timestamp=timestamp, step=step)
+                for k, v in (result.eval_metrics or {}).items()
+            ]
+            final.append(
+                Metric(
+                    "mean_examples_per_second", float(result.examples_per_second), timestamp, step
+                )
+            )
+            final.append(
+                Metric(
+                    "mean_input_wait_fraction", float(result.input_wait_fraction), timestamp, step
+                )
+            )
+            final.append(
+                Metric(
+                    "loss_scale_skipped_steps",
+                    float(result.loss_scale_skipped_steps),
+                    timestamp,
+                    step,
+                )
+            )
+            self.sender.send(self.run_id, final)
+        if self.sender is not None:
+            self.sender.close(self.link.flush_timeout_seconds)
+        if self.run_id is not None:
+            self.channel.ok(
+                "finish the Trainer run",
+                self.channel.client.set_terminated,
+                self.run_id,
+                status="FINISHED",
+            )
+        if self.journal is not None:
+            self.journal.close()
+        self._write_status()
+
+    # --- internals ------------------------------------------------------------------------
+    def _release(self, *, until_step: int | None) -> None:
+        ready = [r for r in self._pending if until_step is None or r["step"] <= until_step]
+        self._pending = [
+            r for r in self._pending if until_step is not None and r["step"] > until_step
+        ]
+        if self.run_id is None or self.sender is None:
+            if ready:
+                self.channel.count_dropped(sum(len(r["values"]) for r in ready))
+            return
+        self.sender.send(self.run_id, [m for r in ready for m in _metrics_of(r)])
+
+    def _attach_run(self, *, training_key: str) -> str | None:
+        client = self.channel.client
+        query = (
+            f"tags.`mlflow.parentRunId` = '{self.link.parent_run_id}' "
+            f"and tags.`{COMPONENT_TAG}` = 'Trainer' and tags.`{TRAINING_KEY_TAG}` = '{training_key}'"
+        )
+        found = self.channel.call(
+            "find the Trainer run",
+            client.search_runs,
+            [self.link.experiment_id],
+            filter_string=query,
+            max_results=5,
+        )
+        if found is None:
+            return None  # the server is unreachable: creating one now could duplicate it later
+        if found:
+            return sorted(found, key=lambda r: r.info.start_time)[0].info.run_id
+        run = self.channel.call(
+            "create the Trainer run",
+            client.create_run,
+            self.link.experiment_id,
+            run_name="Trainer",
+            tags={
+                "mlflow.parentRunId": self.link.parent_run_id,
+                COMPONENT_TAG: "Trainer",
+                TRAINING_KEY_TAG: training_key,
+            },
+        )
+        return run.info.run_id if run is not None else None
+
+    def _resend_missing(self, kept: list[dict[str, Any]]) -> None:
+        """Sends journaled points (step <= restored step) that MLflow does not have."""
+        assert self.run_id is not None and self.sender is not None
+        keys = sorted({k for r in kept for k in r["values"]})
+        have: dict[str, set[int]] = {}
+        for key in keys:
+            history = self.channel.call(
+                f"read the history of {key}",
+                self.channel.client.get_metric_history,
+                self.run_id,
+                key,
+            )
+            if history is None:
+                # Unknown what the server has: sending could duplicate, so send nothing.
+                self.channel.count_dropped(sum(len(r["values"]) for r in kept))
+                return
+            have[key] = {m.step for m in history}
+        missing = [
+            Metric(key=k, value=float(v), timestamp=r["timestamp"], step=r["step"])
+            for r in kept
+            for k, v in r["values"].items()
+            if r["step"] not in have[k]
+        ]
+        if missing:
+            _log.info("re-sending %d metric points journaled before the restart", len(missing))
+        self.sender.send(self.run_id, missing)
+
+    def _log_derived(self, info: dict[str, Any]) -> None:
+        params = [
+            Param(name, str(redact_value(name, info[source])))
+            for name, source in DERIVED_PARAMS
+            if source in info
+        ]
+        tags = [
+            RunTag("fullthrottle.strategy", str(info.get("strategy_name"))),
+            RunTag("fullthrottle.precision_policy", str(info.get("precision_policy"))),
+            RunTag("fullthrottle.precision_reason", str(info.get("precision_reason", ""))[:5000]),
+            RunTag("fullthrottle.start_step", str(info.get("start_step", 0))),
+        ]
+        client = self.channel.client
+        assert self.run_id is not None
+        self.channel.ok(
+            "log the Trainer's params", client.log_batch, self.run_id, params=params, tags=tags
+        )
+        # The parent run carries them too (prefixed), so `compare` and the run list show them.
+        parent_params = [Param(f"derived.{p.key}", p.value) for p in params]
+        self.channel.ok(
+            "log derived params on the pipeline run",
+            client.log_batch,
+            self.link.parent_run_id,
+            params=parent_params,
+            tags=[RunTag("fullthrottle.strategy", str(info.get("strategy_name")))],
+        )
+
+    def _write_status(self) -> None:
+        status = self.channel.status()
+        status["trainer_run_id"] = self.run_id
+        tmp = self.link.status_path + ".tmp"
+        os.makedirs(os.path.dirname(self.link.status_path), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(status, f)
+        os.replace(tmp, self.link.status_path)
+
+
+def trainer_hooks() -> list[TrainingHook]:
+    """The tracking hooks for this Trainer process: one MLflow hook when `fullthrottle run` linked
+    a parent run (see `store.TRAINER_ENV`), none otherwise (e.g. on Kubeflow, or tracking off)."""
+    link = TrainerLink.from_env()
+    return [MlflowTrainingHook(link)] if link is not None else []

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from fullthrottle.errors import USER_ERRORS
 
 # Modules under fullthrottle.commands, in the order `--help` lists them.
-COMMANDS = ("run", "init", "doctor", "compare", "ui")
+COMMANDS = ("run", "init", "doctor", "compare", "ui", "compile", "submit")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -84,8 +84,13 @@ def create_pipeline(
     serving_dir: str,
     metadata_connection_config: Any | None = None,
     beam_pipeline_args: Sequence[str] = (),
+    trainer_factory: Any | None = None,  # issue 7: e.g. the TFJob Trainer; default tfx Trainer
 ) -> tfx.dsl.Pipeline:
-    """Builds the whole pipeline from a validated config; reads nothing, runs nothing."""
+    """Builds the whole pipeline from a validated config; reads nothing, runs nothing.
+
+    `trainer_factory` takes `tfx.components.Trainer`'s arguments and returns the Trainer node
+    (same inputs and outputs), so a runner can swap how training executes, not the wiring.
+    """
     spec = config.data
     output_config = tfx.proto.Output(
         split_config=tfx.proto.SplitConfig(
@@ -119,7 +124,7 @@ def create_pipeline(
         preprocessing_fn=PREPROCESSING_FN,
         custom_config={"data": data_config, "code_fingerprint": fingerprint},
     )
-    trainer = tfx.components.Trainer(
+    trainer = (trainer_factory or tfx.components.Trainer)(
         run_fn=RUN_FN,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],

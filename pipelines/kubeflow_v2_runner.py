@@ -1,0 +1,278 @@
+"""Compiles the pipeline for Kubeflow Pipelines v2 with TFX's `KubeflowV2DagRunner`.
+
+This module chooses the paths the pods see (`kubeflow.pipeline_root`, `input_base`,
+`serving_dir`), the image, the Beam args of the data components and the Trainer variant, then calls
+`pipelines.pipeline.create_pipeline`: the wiring lives there only. TFX sets resources only through
+`with_platform_config`, which its compiler ignores for ExampleGen, and caching only pipeline-wide, so
+per-step resources and caching flags are written into the compiled `PipelineSpec` afterwards
+(`apply_step_settings`), the way the KFP SDK's own compiler writes them.
+
+Nothing here touches the network: object-store roots (gs://, s3://) are passed through as strings.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import posixpath
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from fullthrottle.config import Config, StepResources
+from fullthrottle.errors import ConfigError
+
+# The container command of every step (TFX's v2 executor launcher); the Dockerfile's ENTRYPOINT
+# is the same command, and tests/test_kubeflow_image.py keeps the two equal.
+ENTRYPOINT = ("python", "-m", "tfx.orchestration.kubeflow.v2.container.kubeflow_v2_run_executor")
+
+# Component id (or class name) -> field of `kubeflow.resources`; other components (custom ones
+# such as a data gate) get `kubeflow.resources.default`.
+STEP_OF_COMPONENT: Mapping[str, str] = {
+    "CsvExampleGen": "example_gen",
+    "ImportExampleGen": "example_gen",
+    "StatisticsGen": "statistics_gen",
+    "SchemaGen": "schema_gen",
+    "ImportSchemaGen": "schema_gen",
+    "ExampleValidator": "example_validator",
+    "Transform": "transform",
+    "Trainer": "trainer",
+    "Evaluator": "evaluator",
+    "Pusher": "pusher",
+}
+
+ContainerSpec = pipeline_spec_pb2.PipelineDeploymentConfig.PipelineContainerSpec
+
+
+def _join(root: str, name: str) -> str:
+    # posixpath keeps "gs://bucket" intact (os.path would too on Linux, but the pods' paths are
+    # POSIX whatever machine compiles).
+    return posixpath.join(root.rstrip("/") or "/", name)
+
+
+def kubeflow_paths(config: Config) -> dict[str, str]:
+    """Where the pods read and write: the pipeline name and model name are appended."""
+    kf = config.kubeflow
+    return {
+        "input_base": kf.input_base,
+        "pipeline_root": _join(kf.pipeline_root, config.pipeline_name),
+        "serving_dir": _join(kf.serving_dir, config.model_name),
+    }
+
+
+def caching_enabled(config: Config) -> bool:
+    kf = config.kubeflow
+    return config.enable_cache if kf.enable_cache is None else kf.enable_cache
+
+
+def check_for_kubeflow(config: Config) -> None:
+    """Refuses settings that would only fail inside the cluster, naming the field."""
+    tfjob = config.kubeflow.tfjob
+    if (
+        tfjob.enabled
+        and tfjob.workers > 1
+        and config.training.strategy in ("one_device", "mirrored")
+    ):
+        raise ConfigError(
+            f"`kubeflow.tfjob.workers` is {tfjob.workers} but `training.strategy` is "
+            f"{config.training.strategy!r}, so every worker would train alone: set "
+            "training.strategy to 'auto' or 'multi_worker' (or use --preset multi_worker)"
+        )
+    if (
+        config.data.schema_path
+        and "://" not in config.data.schema_path
+        and not config.data.schema_path.startswith(config.kubeflow.input_base)
+    ):
+        # ImportSchemaGen reads the file inside a pod: a path on this machine would not exist there.
+        raise ConfigError(
+            f"`data.schema_path` {config.data.schema_path!r} is a path on this machine; on Kubeflow it "
+            "must be readable by the pods: put it under `kubeflow.input_base` or an object store URI"
+        )
+
+
+def build_kubeflow_pipeline(config: Config) -> Any:
+    """The same pipeline as `fullthrottle run`, with the pods' paths and the Beam args for the
+    cluster; no MLMD connection (KFP brings its own)."""
+    from pipelines.pipeline import create_pipeline
+
+    check_for_kubeflow(config)
+    paths = kubeflow_paths(config)
+    trainer_factory = None
+    if config.kubeflow.tfjob.enabled:
+        from components.tfjob_trainer import tfjob_settings, tfjob_trainer
+
+        trainer_factory = functools.partial(tfjob_trainer, tfjob=tfjob_settings(config))
+    return create_pipeline(
+        config,
+        input_base=paths["input_base"],
+        pipeline_root=paths["pipeline_root"],
+        serving_dir=paths["serving_dir"],
+        metadata_connection_config=None,
+        beam_pipeline_args=list(config.kubeflow.beam_args),
+        trainer_factory=trainer_factory,
+    )
+
+
+def compile_pipeline(config: Config) -> dict[str, Any]:
+    """Compiles to a KFP `PipelineJob` dict (`pipelineSpec` + `runtimeConfig`), with per-step
+    resources and caching written in. Writes nothing."""
+    from tfx import v1 as tfx
+
+    pipeline = build_kubeflow_pipeline(config)
+    runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
+        config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
+            display_name=config.pipeline_name,
+            default_image=config.kubeflow.image,
+            default_commands=list(ENTRYPOINT),
+        ),
+    )
+    job = runner.run(pipeline, write_out=False)
+    job["pipelineSpec"] = apply_step_settings(
+        job["pipelineSpec"],
+        resources={
+            component.id: step_resources(config, component) for component in pipeline.components
+        },
+        enable_cache=caching_enabled(config),
+        beam_args=config.kubeflow.beam_args,
+        beam_tasks={component.id for component in pipeline.components if uses_beam(component)},
+    )
+    return job
+
+
+def uses_beam(component: Any) -> bool:
+    from tfx.dsl.components.base.executor_spec import BeamExecutorSpec
+
+    return isinstance(getattr(component, "executor_spec", None), BeamExecutorSpec)
+
+
+def step_of(component: Any) -> str:
+    return (
+        STEP_OF_COMPONENT.get(component.id)
+        or STEP_OF_COMPONENT.get(type(component).__name__)
+        or "default"
+    )
+
+
+def step_resources(config: Config, component: Any) -> StepResources:
+    step = step_of(component)
+    if step == "trainer" and config.kubeflow.tfjob.enabled:
+        # The Trainer step only creates the TFJob and waits: the replicas get the GPUs.
+        step = "default"
+    return config.kubeflow.resources.for_step(step)
+
+
+def write_compiled(job: Mapping[str, Any], path: Path) -> None:
+    """Writes atomically: a failed write never leaves half a spec where a good one was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(job, indent=2, sort_keys=True), encoding="utf-8")
+    tmp.replace(path)
+
+
+# --- post-processing the compiled spec ------------------------------------------------------
+def iter_tasks(
+    spec: pipeline_spec_pb2.PipelineSpec,
+) -> Iterator[tuple[str, pipeline_spec_pb2.PipelineTaskSpec]]:
+    """Every task of the pipeline, including those inside condition sub-DAGs (the Pusher)."""
+    pending = [spec.root.dag]
+    while pending:
+        dag = pending.pop()
+        for name, task in dag.tasks.items():
+            yield name, task
+            component = spec.components.get(task.component_ref.name)
+            if component is not None and component.HasField("dag"):
+                pending.append(component.dag)
+
+
+def executor_label_of(
+    spec: pipeline_spec_pb2.PipelineSpec, task: pipeline_spec_pb2.PipelineTaskSpec
+) -> str | None:
+    component = spec.components.get(task.component_ref.name)
+    return component.executor_label if component is not None and component.executor_label else None
+
+
+def _cpu_number(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+_MEMORY_FACTORS = {
+    "": 1e-9, "K": 1e3 / 1e9, "M": 1e6 / 1e9, "G": 1.0, "T": 1e3, "P": 1e6, "E": 1e9,
+    "Ki": 2**10 / 1e9, "Mi": 2**20 / 1e9, "Gi": 2**30 / 1e9, "Ti": 2**40 / 1e9, "Pi": 2**50 / 1e9, "Ei": 2**60 / 1e9,
+}  # fmt: skip
+
+
+def _memory_gb(quantity: str) -> float:
+    """In GB (10^9 bytes), the unit of the deprecated numeric fields (as KFP's compiler does)."""
+    number = quantity.rstrip("EPTGMKi")
+    return float(number) * _MEMORY_FACTORS[quantity[len(number) :]]
+
+
+def resource_spec(resources: StepResources) -> ContainerSpec.ResourceSpec:
+    """KFP's ResourceSpec for one container: the string fields (read by KFP >= 2.3) and the
+    deprecated numeric ones (read by older backends), as `kfp.compiler` writes them."""
+    spec = ContainerSpec.ResourceSpec()
+    if resources.cpu_request:
+        spec.resource_cpu_request = resources.cpu_request
+        spec.cpu_request = _cpu_number(resources.cpu_request)
+    if resources.cpu_limit:
+        spec.resource_cpu_limit = resources.cpu_limit
+        spec.cpu_limit = _cpu_number(resources.cpu_limit)
+    if resources.memory_request:
+        spec.resource_memory_request = resources.memory_request
+        spec.memory_request = _memory_gb(resources.memory_request)
+    if resources.memory_limit:
+        spec.resource_memory_limit = resources.memory_limit
+        spec.memory_limit = _memory_gb(resources.memory_limit)
+    if resources.accelerator_type and resources.accelerator_count:
+        spec.accelerator.type = resources.accelerator_type
+        spec.accelerator.count = resources.accelerator_count
+        spec.accelerator.resource_type = resources.accelerator_type
+        spec.accelerator.resource_count = str(resources.accelerator_count)
+    return spec
+
+
+def apply_step_settings(
+    pipeline_spec: Mapping[str, Any],
+    *,
+    resources: Mapping[str, StepResources],
+    enable_cache: bool,
+    beam_args: Sequence[str] = (),
+    beam_tasks: Collection[str] = (),
+) -> dict[str, Any]:
+    """Returns the spec with each task's container `resources` replaced by `resources[task]`,
+    every task's caching flag set explicitly, and the Beam args (which TFX appends to every
+    step) kept only on the steps in `beam_tasks`. Refuses a task it has no resources for."""
+    from google.protobuf import json_format
+
+    spec = json_format.ParseDict(pipeline_spec, pipeline_spec_pb2.PipelineSpec())
+    deployment = json_format.ParseDict(
+        json_format.MessageToDict(spec.deployment_spec),
+        pipeline_spec_pb2.PipelineDeploymentConfig(),
+    )
+    for name, task in iter_tasks(spec):
+        label = executor_label_of(spec, task)
+        if label is None:
+            continue  # a sub-DAG (the Pusher's condition), not a container
+        task.caching_options.enable_cache = enable_cache
+        executor = deployment.executors[label]
+        if not executor.HasField("container"):
+            continue  # an importer: no pod of its own
+        if name not in resources:
+            raise ConfigError(
+                f"no resources known for Kubeflow step {name!r}; add it to STEP_OF_COMPONENT"
+            )
+        executor.container.resources.CopyFrom(resource_spec(resources[name]))
+        if beam_args and name not in beam_tasks:
+            _drop_suffix(executor.container.args, beam_args)
+            if executor.container.HasField("lifecycle"):
+                _drop_suffix(executor.container.lifecycle.pre_cache_check.args, beam_args)
+    spec.deployment_spec.Clear()
+    spec.deployment_spec.update(json_format.MessageToDict(deployment))
+    return json_format.MessageToDict(spec)
+
+
+def _drop_suffix(args: Any, suffix: Sequence[str]) -> None:
+    if len(args) >= len(suffix) and list(args[-len(suffix) :]) == list(suffix):
+        del args[-len(suffix) :]

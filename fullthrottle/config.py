@@ -368,6 +368,63 @@ class KubeflowConfig:
 # --- end kubeflow (issue 7) ----------------------------------------------------------------
 
 
+# --- serving (issue 6) ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServingConfig:
+    """How pushed models are stored, warmed up, served and deployed (`serving:` section).
+
+    One section feeds the Pusher, `fullthrottle serve`, `fullthrottle predict` and the deploy kit,
+    so names, ports and paths agree everywhere.
+    """
+
+    # PredictionLog records written to assets.extra/tf_serving_warmup_requests per signature;
+    # TF Serving reads at most 1000 of them.
+    warmup_requests: int = 64
+    keep_versions: int = 0  # newest K version folders kept after a push; 0 keeps all
+    serve_versions: int = 1  # the server keeps the newest N versions loaded (TF Serving's latest policy)
+    tflite: bool = False  # also write model.tflite (float32) beside the pushed SavedModel
+    tflite_quantize: bool = False  # and model_dynamic_range.tflite (int8 weights, float activations)
+    host: str = "127.0.0.1"
+    rest_port: int = 8501  # TF Serving's REST port
+    grpc_port: int = 8500  # TF Serving's gRPC port
+    max_request_bytes: int = 4 * 1024 * 1024  # larger request bodies get a 413
+    poll_seconds: float = 1.0  # how often `serve` looks for a new version folder
+    # TF Serving batching (the deploy kit's batching.config); see serving/deploy/README section.
+    max_batch_size: int = 64
+    batch_timeout_micros: int = 2000
+    num_batch_threads: int = 2
+    max_enqueued_batches: int = 64
+    image: str = "tensorflow/serving:2.18.0"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup_requests <= 1000:
+            raise ConfigError(
+                f"`serving.warmup_requests` must be within [0, 1000] (TF Serving reads at most 1000), "
+                f"got {self.warmup_requests}"
+            )
+        for name in ("keep_versions",):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"`serving.{name}` must be >= 0 (0 keeps all), got {getattr(self, name)}")
+        for name in ("serve_versions", "max_request_bytes", "max_batch_size", "batch_timeout_micros",
+                     "num_batch_threads", "max_enqueued_batches"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"`serving.{name}` must be > 0, got {getattr(self, name)}")
+        for name in ("rest_port", "grpc_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(f"`serving.{name}` must be a TCP port within [0, 65535], got {getattr(self, name)}")
+        if self.rest_port and self.rest_port == self.grpc_port:
+            raise ConfigError(f"`serving.rest_port` and `serving.grpc_port` must differ, both are {self.rest_port}")
+        if self.poll_seconds <= 0:
+            raise ConfigError(f"`serving.poll_seconds` must be > 0, got {self.poll_seconds}")
+        if self.tflite_quantize and not self.tflite:
+            raise ConfigError("`serving.tflite_quantize` needs `serving.tflite: true`")
+        if not self.host:
+            raise ConfigError("`serving.host` must not be empty (127.0.0.1 serves this machine only)")
+
+
+# --- end serving (issue 6) -----------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything one `fullthrottle run` needs."""
@@ -381,6 +438,7 @@ class Config:
     evaluation: EvalConfig = field(default_factory=EvalConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)  # issue 5
     beam: BeamConfig = field(default_factory=BeamConfig)
+    serving: ServingConfig = field(default_factory=ServingConfig)  # issue 6
     kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)  # issue 7
 
     def __post_init__(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
+from components.safe_pusher import SafePusher
 from fullthrottle.config import Config
 from trainer_module.features import transformed_name
 
@@ -142,13 +143,18 @@ def create_pipeline(
         model=trainer.outputs["model"],
         eval_config=eval_config(config),
     )
+    # --- Pusher (issue 6): SafePusher publishes complete version folders with warmup records.
     with tfx.dsl.Cond(evaluator.outputs["blessing"].future()[0].custom_property("blessed") == 1):
-        pusher = tfx.components.Pusher(
+        pusher = SafePusher(
             model=trainer.outputs["model"],
-            push_destination=tfx.proto.PushDestination(
-                filesystem=tfx.proto.PushDestination.Filesystem(base_directory=serving_dir)
-            ),
-        )
+            model_blessing=evaluator.outputs["blessing"],
+            examples=example_gen.outputs["examples"],
+            serving_dir=serving_dir,
+            model_name=config.model_name,
+            label=config.data.label,
+            serving=config.serving,
+        ).with_id("Pusher")
+    # --- end Pusher
 
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline_name,

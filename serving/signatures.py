@@ -11,6 +11,10 @@ raw features, and three signatures:
   outputs. Every feature must be sent.
 - ``transform_features``: serialized ``tf.Example`` (label included) -> the transformed features,
   used by the Evaluator to obtain the label.
+- ``predict_transformed``: the transformed features (what ``transform_features`` returns, label
+  excluded) -> ``probabilities``. The model alone, without the Transform graph: this is what the
+  TFLite export converts, because the Transform graph's string ops (``StringToHashBucketFast``,
+  ``SparseToDense``) need the Flex delegate, which TFLite interpreters usually lack.
 
 The model runs in float32 whatever precision it was trained in (mixed-float16 SavedModels are
 slow on CPU servers); the trainer hands over a float32 copy.
@@ -21,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import keras
+import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 
@@ -29,10 +34,13 @@ from trainer_module.features import LABEL_VOCAB
 SERVING_DEFAULT = "serving_default"
 PREDICT_RAW = "predict_raw"
 TRANSFORM_FEATURES = "transform_features"
+PREDICT_TRANSFORMED = "predict_transformed"
 EXAMPLES_INPUT = "examples"
 
 
-def raw_serving_spec(tft_output: tft.TFTransformOutput, label: str) -> dict[str, tf.io.FixedLenFeature]:
+def raw_serving_spec(
+    tft_output: tft.TFTransformOutput, label: str
+) -> dict[str, tf.io.FixedLenFeature]:
     """The raw feature spec a client sends: every raw feature except the label."""
     spec = dict(tft_output.raw_feature_spec())
     spec.pop(label, None)
@@ -48,7 +56,16 @@ class ServingModule(tf.Module):
         self.tft_layer = tft_output.transform_features_layer()
         self._raw_spec = raw_serving_spec(tft_output, label)
         self._full_raw_spec = dict(tft_output.raw_feature_spec())
-        class_names = [c.decode("utf-8") if isinstance(c, bytes) else str(c) for c in tft_output.vocabulary_by_name(LABEL_VOCAB)]
+        transformed_label = _transformed_label_name(label)
+        self._transformed_spec = {
+            name: feature
+            for name, feature in tft_output.transformed_feature_spec().items()
+            if name != transformed_label
+        }
+        class_names = [
+            c.decode("utf-8") if isinstance(c, bytes) else str(c)
+            for c in tft_output.vocabulary_by_name(LABEL_VOCAB)
+        ]
         self.class_names = tf.constant(class_names, dtype=tf.string)
         self.num_classes = len(class_names)
 
@@ -70,20 +87,97 @@ class ServingModule(tf.Module):
         def transform_features(examples: tf.Tensor) -> dict[str, tf.Tensor]:
             return self.tft_layer(tf.io.parse_example(examples, full_spec))
 
-        raw_signature = {name: tf.TensorSpec([None], feature.dtype, name=name) for name, feature in raw_spec.items()}
+        raw_signature = {
+            name: tf.TensorSpec([None], feature.dtype, name=name)
+            for name, feature in raw_spec.items()
+        }
 
         @tf.function(input_signature=[raw_signature])
         def predict_raw(features: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             return self._predict(_to_parsed_form(features, raw_spec))
 
+        transformed_signature = {
+            name: tf.TensorSpec([None, *feature.shape], feature.dtype, name=name)
+            for name, feature in self._transformed_spec.items()
+        }
+
+        @tf.function(input_signature=[transformed_signature])
+        def predict_transformed(features: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            return {
+                "probabilities": tf.cast(self.model(dict(features), training=False), tf.float32)
+            }
+
         return {
             SERVING_DEFAULT: serve_examples.get_concrete_function(),
             PREDICT_RAW: predict_raw.get_concrete_function(),
             TRANSFORM_FEATURES: transform_features.get_concrete_function(),
+            PREDICT_TRANSFORMED: predict_transformed.get_concrete_function(),
         }
 
 
-def _to_parsed_form(features: Mapping[str, tf.Tensor], spec: Mapping[str, object]) -> dict[str, tf.Tensor]:
+def _transformed_label_name(label: str) -> str:
+    from trainer_module.features import transformed_name
+
+    return transformed_name(label)
+
+
+def signature_input_specs(loaded: object, signature: str) -> dict[str, tf.TensorSpec]:
+    """The named inputs of `signature` in a loaded SavedModel (name -> TensorSpec)."""
+    concrete = loaded.signatures[signature]  # type: ignore[attr-defined]
+    return dict(concrete.structured_input_signature[1])
+
+
+def raw_inputs_from_examples(
+    serialized: list[bytes], input_specs: Mapping[str, tf.TensorSpec]
+) -> dict[str, np.ndarray]:
+    """Named raw-feature arrays (the `predict_raw` inputs) for a batch of serialized tf.Examples.
+
+    A missing numeric value becomes NaN (the Transform graph imputes it, as it does for a
+    missing cell in a tf.Example); a missing string becomes the empty string.
+    """
+    columns: dict[str, list] = {name: [] for name in input_specs}
+    for record in serialized:
+        features = tf.train.Example.FromString(record).features.feature
+        for name, spec in input_specs.items():
+            feature = features[name] if name in features else None
+            values = _feature_values(feature)
+            if spec.dtype == tf.string:
+                value = values[0] if values else b""
+                columns[name].append(value if isinstance(value, bytes) else str(value).encode())
+            else:
+                columns[name].append(values[0] if values else float("nan"))
+    arrays = {}
+    for name, spec in input_specs.items():
+        if spec.dtype == tf.string:
+            arrays[name] = np.array(columns[name], dtype=object)
+        elif spec.dtype.is_integer:
+            # An integer input cannot hold NaN: a missing integer is sent as 0.
+            arrays[name] = np.array(
+                [0 if _is_nan(v) else int(v) for v in columns[name]],
+                dtype=spec.dtype.as_numpy_dtype,
+            )
+        else:
+            arrays[name] = np.array(columns[name], dtype=spec.dtype.as_numpy_dtype)
+    return arrays
+
+
+def _feature_values(feature: object) -> list:
+    if feature is None:
+        return []
+    for kind in ("float_list", "int64_list", "bytes_list"):
+        values = list(getattr(feature, kind).value)
+        if values:
+            return values
+    return []
+
+
+def _is_nan(value: object) -> bool:
+    return isinstance(value, float) and value != value
+
+
+def _to_parsed_form(
+    features: Mapping[str, tf.Tensor], spec: Mapping[str, object]
+) -> dict[str, tf.Tensor]:
     """Shapes named [None] tensors the way `tf.io.parse_example` would have for `spec`."""
     parsed = {}
     for name, feature in spec.items():
@@ -91,7 +185,9 @@ def _to_parsed_form(features: Mapping[str, tf.Tensor], spec: Mapping[str, object
         if isinstance(feature, tf.io.VarLenFeature):
             batch = tf.shape(value, out_type=tf.int64)[0]
             indices = tf.stack([tf.range(batch), tf.zeros([batch], tf.int64)], axis=1)
-            parsed[name] = tf.SparseTensor(indices, value, tf.stack([batch, tf.constant(1, tf.int64)]))
+            parsed[name] = tf.SparseTensor(
+                indices, value, tf.stack([batch, tf.constant(1, tf.int64)])
+            )
         elif isinstance(feature, tf.io.FixedLenFeature) and len(feature.shape) == 1:
             parsed[name] = tf.reshape(value, [-1, feature.shape[0]])
         else:

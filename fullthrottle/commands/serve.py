@@ -1,0 +1,147 @@
+"""`fullthrottle serve`: answer TF Serving's REST API for the pushed model on this machine.
+
+With `tensorflow_model_server` on PATH (and `--engine auto`), it runs TF Serving itself on the
+push folder; otherwise KServe's model server (`serving/server.py`). Both load the newest complete
+version and pick up new pushes without a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from fullthrottle.commands.run import add_config_arguments, config_from_args
+from fullthrottle.config import Config, _check_name
+from fullthrottle.errors import ConfigError, FullthrottleError
+
+
+class ServingError(FullthrottleError):
+    """Nothing can be served as asked (no pushed model, port taken, ...)."""
+
+
+def register(sub: Any) -> argparse.ArgumentParser:
+    parser = sub.add_parser(
+        "serve",
+        help="serve the pushed model over TF Serving's REST API (KServe model server)",
+        description=(
+            "Loads the newest complete version from <output_dir>/serving/<model_name>/ and answers "
+            "POST /v1/models/<name>[/versions/<v>]:predict (instances or inputs format) and "
+            "GET /v1/models/<name>. New pushes are picked up without a restart. Runs "
+            "tensorflow_model_server instead when it is on PATH (--engine auto)."
+        ),
+        epilog=(
+            "Examples:\n"
+            "  fullthrottle serve\n"
+            "  fullthrottle serve --output-dir runs --port 9000\n"
+            "  fullthrottle serve --model-dir /srv/models/penguins --model-name penguins"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_config_arguments(parser)
+    parser.add_argument(
+        "--model-dir", help="the push folder holding <version>/ folders (default: from the config)"
+    )
+    parser.add_argument(
+        "--model-name", help="the name in the URL (default: the config's model_name)"
+    )
+    parser.add_argument("--host", help="address to listen on (default: serving.host, 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="REST port (default: serving.rest_port, 8501)")
+    parser.add_argument(
+        "--engine",
+        choices=("auto", "kserve", "tfserving"),
+        default="auto",
+        help="auto: tensorflow_model_server when on PATH, else KServe's model server",
+    )
+    return parser
+
+
+def serving_target(args: argparse.Namespace, config: Config) -> tuple[Path, str, str, int]:
+    model_dir = Path(args.model_dir).absolute() if args.model_dir else config.serving_dir
+    model_name = args.model_name or config.model_name
+    _check_name(model_name, "--model-name")  # it becomes a URL path segment: no '/', no '..'
+    host = args.host or config.serving.host
+    port = config.serving.rest_port if args.port is None else args.port
+    if not 0 < port <= 65535:
+        raise ConfigError(f"--port must be within [1, 65535], got {port}")
+    return model_dir, model_name, host, port
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    model_dir, model_name, host, port = serving_target(args, config)
+    from serving.push import version_dirs
+    from serving.server import is_complete
+
+    complete = [v for v, p in version_dirs(model_dir).items() if is_complete(p)]
+    if not complete:
+        raise ServingError(
+            f"no complete model version in {model_dir} (expected <integer>/saved_model.pb); push one "
+            "with `fullthrottle run`, or point --model-dir/--output-dir at a push folder"
+        )
+    binary = shutil.which("tensorflow_model_server")
+    if args.engine == "tfserving" and binary is None:
+        raise ServingError(
+            "--engine tfserving: tensorflow_model_server is not on PATH; use --engine kserve"
+        )
+    if binary and args.engine in ("auto", "tfserving"):
+        return _exec_tf_serving(
+            binary, config=config, model_dir=model_dir, model_name=model_name, port=port
+        )
+    _check_port_free(host, port)
+    from serving.server import run_server
+
+    run_server(
+        serving_dir=str(model_dir),
+        model_name=model_name,
+        host=host,
+        port=port,
+        max_request_bytes=config.serving.max_request_bytes,
+        poll_seconds=config.serving.poll_seconds,
+        serve_versions=config.serving.serve_versions,
+    )
+    return 0
+
+
+def _check_port_free(host: str, port: int) -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ServingError(
+                f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port or stop the other server"
+            ) from None
+
+
+def _exec_tf_serving(
+    binary: str, *, config: Config, model_dir: Path, model_name: str, port: int
+) -> int:
+    """Replaces this process with TF Serving on the same folder, ports and batching settings.
+
+    Not exercised here (no tensorflow_model_server binary can be installed on these machines).
+    TF Serving has no REST bind-address flag: it listens on all interfaces.
+    """
+    from serving.deploy_kit import batching_parameters
+
+    batching_file = model_dir.parent / f".{model_name}.batching.config"
+    batching_file.write_text(batching_parameters(config.serving), encoding="utf-8")
+    argv = [
+        binary,
+        f"--port={config.serving.grpc_port}",
+        f"--rest_api_port={port}",
+        f"--model_name={model_name}",
+        f"--model_base_path={model_dir}",
+        f"--file_system_poll_wait_seconds={max(1, round(config.serving.poll_seconds))}",
+        "--enable_batching=true",
+        f"--batching_parameters_file={batching_file}",
+        "--enable_model_warmup=true",
+    ]
+    print("fullthrottle serve: running " + " ".join(argv), file=sys.stderr, flush=True)
+    os.execv(binary, argv)
+    return 0  # not reached

@@ -1,0 +1,219 @@
+"""`fullthrottle compile --target kubeflow`: the real KubeflowV2DagRunner output, read back through
+KFP's own `PipelineSpec` proto. Two compiles (about 10 s each here) serve every test in this file:
+a volume-path root with a Flink runner, caching off; an object-store root with the TFJob Trainer."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+from google.protobuf import json_format
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from fullthrottle import cli
+from fullthrottle.config import load_config
+from fullthrottle.errors import ConfigError
+from pipelines.kubeflow_v2_runner import ENTRYPOINT, compile_pipeline, iter_tasks
+
+IMAGE = "registry.example.com/team/fullthrottle:1.2.3"
+FLINK_ARGS = [
+    "--runner=FlinkRunner",
+    "--flink_master=flink-jobmanager.flink:8081",
+    "--environment_type=EXTERNAL",
+    "--environment_config=localhost:50000",
+]
+BEAM_STEPS = ("CsvExampleGen", "StatisticsGen", "Transform", "Evaluator")
+NON_BEAM_STEPS = ("Trainer", "Pusher")
+
+
+def _parse(job: dict) -> pipeline_spec_pb2.PipelineSpec:
+    return json_format.ParseDict(job["pipelineSpec"], pipeline_spec_pb2.PipelineSpec())
+
+
+def _containers(spec: pipeline_spec_pb2.PipelineSpec) -> dict:
+    deployment = json_format.ParseDict(
+        json_format.MessageToDict(spec.deployment_spec),
+        pipeline_spec_pb2.PipelineDeploymentConfig(),
+    )
+    out = {}
+    for name, task in iter_tasks(spec):
+        label = spec.components[task.component_ref.name].executor_label
+        if label and deployment.executors[label].HasField("container"):
+            out[name] = deployment.executors[label].container
+    return out
+
+
+def _exec_property(spec: pipeline_spec_pb2.PipelineSpec, task_name: str, key: str):
+    tasks = dict(iter_tasks(spec))
+    runtime_value = json_format.MessageToDict(tasks[task_name].inputs.parameters[key].runtime_value)
+    # TFX writes the (deprecated) typed `constantValue`; newer compilers write `constant`.
+    if "constantValue" in runtime_value:
+        return next(iter(runtime_value["constantValue"].values()))
+    return runtime_value.get("constant")
+
+
+@pytest.fixture(scope="module")
+def volume_spec(tmp_path_factory):
+    """Through the CLI: volume root, Flink Beam args, custom per-step resources, caching off."""
+    output = tmp_path_factory.mktemp("kf") / "spec.json"
+    overrides = [
+        f"kubeflow.beam_args={json.dumps(FLINK_ARGS)}",
+        "kubeflow.resources.trainer.accelerator_count=2",
+        "kubeflow.resources.transform.cpu_request=2",
+        "kubeflow.resources.transform.memory_limit=12Gi",
+    ]
+    argv = ["compile", "--target", "kubeflow", "-o", str(output), "--image", IMAGE]
+    argv += ["--pipeline-root", "/mnt/pipelines/root", "--no-cache"]
+    for item in overrides:
+        argv += ["--set", item]
+    assert cli.main(argv) == 0
+    job = json.loads(output.read_text())
+    return job, _parse(job)
+
+
+@pytest.fixture(scope="module")
+def tfjob_spec():
+    """In-process: object-store root, the multi-worker TFJob Trainer, caching on."""
+    config = load_config(
+        preset="multi_worker",
+        overrides=[
+            "kubeflow.pipeline_root=gs://team-bucket/pipelines",
+            "kubeflow.tfjob.enabled=true",
+            "kubeflow.tfjob.workers=3",
+        ],
+    )
+    job = compile_pipeline(config)
+    return job, _parse(job)
+
+
+def test_dag_has_every_step_and_the_data_edges(volume_spec):
+    _, spec = volume_spec
+    tasks = dict(iter_tasks(spec))
+    for step in (*BEAM_STEPS, "ExampleValidator", "Trainer", "Pusher"):
+        assert step in tasks, f"{step} missing from the DAG: {sorted(tasks)}"
+    assert any("Schema" in name for name in tasks), sorted(tasks)
+    edges = {name: set(task.dependent_tasks) for name, task in tasks.items()}
+    assert "CsvExampleGen" in edges["StatisticsGen"]
+    assert "CsvExampleGen" in edges["Transform"]
+    assert "Transform" in edges["Trainer"]
+    assert {"Trainer", "CsvExampleGen"} <= edges["Evaluator"]
+    assert {"Trainer", "Evaluator"} <= edges["Pusher"]
+    assert not edges["CsvExampleGen"], "ExampleGen must be a root of the DAG"
+
+
+def test_image_and_command_of_every_step(volume_spec):
+    _, spec = volume_spec
+    containers = _containers(spec)
+    assert set(BEAM_STEPS) | set(NON_BEAM_STEPS) <= set(containers)
+    for name, container in containers.items():
+        assert container.image == IMAGE, name
+        assert tuple(container.command) == ENTRYPOINT, name
+
+
+def test_beam_args_reach_the_data_steps_only(volume_spec):
+    _, spec = volume_spec
+    containers = _containers(spec)
+    for name in BEAM_STEPS:
+        args = list(containers[name].args)
+        assert args[-len(FLINK_ARGS) :] == FLINK_ARGS, f"{name} args: {args}"
+    # ExampleGen's driver (run before the cache check) gets them too.
+    assert (
+        list(containers["CsvExampleGen"].lifecycle.pre_cache_check.args)[-len(FLINK_ARGS) :]
+        == FLINK_ARGS
+    )
+    for name in NON_BEAM_STEPS:
+        assert not set(FLINK_ARGS) & set(containers[name].args), f"{name} got Beam args"
+
+
+def test_resources_per_step(volume_spec):
+    _, spec = volume_spec
+    containers = _containers(spec)
+    trainer = containers["Trainer"].resources
+    assert (trainer.accelerator.resource_type, trainer.accelerator.resource_count) == (
+        "nvidia.com/gpu",
+        "2",
+    )
+    assert (trainer.accelerator.type, trainer.accelerator.count) == ("nvidia.com/gpu", 2)
+    assert trainer.resource_cpu_request == "4" and trainer.resource_memory_limit == "32Gi"
+    transform = containers["Transform"].resources
+    assert transform.resource_cpu_request == "2" and transform.cpu_request == 2.0
+    assert transform.resource_memory_limit == "12Gi"
+    assert transform.memory_limit == pytest.approx(12 * 2**30 / 1e9)
+    for name, container in containers.items():
+        if name == "Trainer":
+            continue
+        assert not container.resources.accelerator.resource_type, f"{name} asks for an accelerator"
+        assert container.resources.resource_memory_request == "4Gi", name
+        if name != "Transform":
+            assert container.resources.resource_cpu_request == "1", name
+
+
+def test_caching_flags(volume_spec, tfjob_spec):
+    for (_, spec), expected in ((volume_spec, False), (tfjob_spec, True)):
+        for name, task in iter_tasks(spec):
+            if spec.components[task.component_ref.name].executor_label:
+                assert task.HasField("caching_options"), name
+                assert task.caching_options.enable_cache is expected, name
+
+
+def test_pipeline_root_volume_and_object_store_pass_through(volume_spec, tfjob_spec):
+    assert (
+        volume_spec[0]["runtimeConfig"]["gcsOutputDirectory"]
+        == "/mnt/pipelines/root/fullthrottle-penguins"
+    )
+    assert (
+        tfjob_spec[0]["runtimeConfig"]["gcsOutputDirectory"]
+        == "gs://team-bucket/pipelines/fullthrottle-penguins"
+    )
+    pusher_config = json.dumps(json.loads(json.dumps(tfjob_spec[0]["pipelineSpec"]))["root"])
+    assert "/mnt/fullthrottle/serving/penguins" in pusher_config
+
+
+def test_user_code_is_reached_by_names_the_image_contains(volume_spec):
+    _, spec = volume_spec
+    assert (
+        _exec_property(spec, "Transform", "preprocessing_fn")
+        == "trainer_module.transform.preprocessing_fn"
+    )
+    assert _exec_property(spec, "Trainer", "run_fn") == "trainer_module.run.run_fn"
+    dotted = ["trainer_module.transform.preprocessing_fn", "trainer_module.run.run_fn"]
+    for container in _containers(spec).values():
+        args = list(container.args)
+        dotted.append(args[args.index("--executor_class_path") + 1])
+    for name in dotted:
+        module, attribute = name.rsplit(".", 1)
+        assert callable(getattr(importlib.import_module(module), attribute)), name
+
+
+def test_tfjob_trainer_step(tfjob_spec):
+    _, spec = tfjob_spec
+    trainer = _containers(spec)["Trainer"]
+    args = list(trainer.args)
+    assert args[args.index("--executor_class_path") + 1] == "components.tfjob_trainer.TFJobExecutor"
+    # The step only waits for the TFJob: no GPU for it; the replicas get the Trainer's resources.
+    assert not trainer.resources.accelerator.resource_type
+    custom = json.loads(_exec_property(spec, "Trainer", "custom_config"))
+    tfjob = custom["fullthrottle_tfjob"]
+    assert tfjob["workers"] == 3
+    assert tfjob["resources"]["accelerator_type"] == "nvidia.com/gpu"
+    assert tfjob["image"] == load_config().kubeflow.image
+    assert custom["training"]["strategy"] == "multi_worker"
+
+
+def test_tfjob_with_a_single_worker_strategy_is_refused_before_compiling():
+    config = load_config(overrides=["kubeflow.tfjob.enabled=true", "training.strategy=mirrored"])
+    with pytest.raises(ConfigError, match=r"kubeflow\.tfjob\.workers.*training\.strategy"):
+        compile_pipeline(config)
+
+
+def test_bad_config_overwrites_nothing(tmp_path, capsys):
+    output = tmp_path / "spec.json"
+    output.write_text('{"kept": true}')
+    code = cli.main(
+        ["compile", "-o", str(output), "--set", "kubeflow.beam_args=[--runner=DataflowRunner]"]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "kubeflow.beam_args" in err and "--project" in err and "--temp_location" in err
+    assert json.loads(output.read_text()) == {"kept": True}

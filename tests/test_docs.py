@@ -1,0 +1,159 @@
+"""The docs and the CLI agree: every command has `--help` with an example, and every
+`fullthrottle ...` / `bin/envrun fullthrottle ...` / `make ...` command shown in README.md and
+docs/*.md is accepted by the real parser (or the Makefile), or listed below with a reason."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from fullthrottle.cli import COMMANDS, build_parser, main
+from fullthrottle.errors import DataError
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+# Commands shown in the docs that the parser is not asked to accept, each with the reason.
+# Keys are the command as written (after `bin/envrun `), values why it is exempt.
+EXCEPTIONS: dict[str, str] = {}
+_PREFIXES = ("fullthrottle ", "make ")
+
+
+def _commands_in(path: Path) -> list[tuple[str, int, str]]:
+    """(file, line, command) for each command in fenced code blocks and inline code spans."""
+    found = []
+    in_block = False
+    pending = ""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.lstrip().startswith("```"):
+            in_block = not in_block
+            continue
+        candidates = []
+        if in_block:
+            text = pending + line.strip()
+            if text.endswith("\\"):  # shell continuation: join with the next line
+                pending = text[:-1] + " "
+                continue
+            pending = ""
+            candidates.append(re.sub(r"^\$\s+", "", text))
+        else:
+            candidates += re.findall(r"`([^`]+)`", line)
+        for text in candidates:
+            text = re.sub(r"\s+#.*$", "", text.strip())  # a trailing shell comment
+            if text.startswith("bin/envrun "):
+                text = text[len("bin/envrun ") :]
+            if not text.startswith(_PREFIXES):
+                continue
+            words = text.split()
+            if len(words) > 1 and words[1].endswith(":"):
+                continue  # output shown in the docs ("fullthrottle run: error: ..."), not a command
+            found.append((path.name, number, text))
+    return found
+
+
+ALL_COMMANDS = [c for path in DOCS if path.exists() for c in _commands_in(path)]
+
+
+def _subcommands() -> list[str]:
+    """The names the parser accepts (a module `deploy_kit` may register `deploy-kit`)."""
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return list(action.choices)
+
+
+SUBCOMMANDS = _subcommands()
+
+
+def _make_targets() -> set[str]:
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    return set(re.findall(r"^([A-Za-z0-9_.-]+):", makefile, flags=re.MULTILINE))
+
+
+def test_the_docs_show_commands_at_all():
+    shown = {c for _, _, c in ALL_COMMANDS}
+    assert "make run" in shown and "make test" in shown
+    # The own-data walkthrough's commands are among them.
+    assert any(c.startswith("fullthrottle init ") for c in shown)
+    assert any(c.startswith("fullthrottle doctor") for c in shown)
+
+
+@pytest.mark.parametrize(
+    ("doc", "line", "command"), ALL_COMMANDS, ids=[f"{d}:{n}" for d, n, _ in ALL_COMMANDS]
+)
+def test_every_command_in_the_docs_is_accepted(doc, line, command):
+    if command in EXCEPTIONS:
+        pytest.skip(EXCEPTIONS[command])
+    # A usage synopsis ("fullthrottle ui [--port 5000]") is checked without its optional parts.
+    synopsis = re.sub(r"\s*\[[^\[\]]*\]", "", command)
+    while synopsis != command:
+        command, synopsis = synopsis, re.sub(r"\s*\[[^\[\]]*\]", "", synopsis)
+    argv = shlex.split(command, comments=True)
+    if argv[0] == "make":
+        targets = [a for a in argv[1:] if "=" not in a and not a.startswith("-")]
+        unknown = set(targets) - _make_targets()
+        assert not unknown, f"{doc}:{line}: `{command}` names no Makefile target {unknown}"
+        return
+    if len(argv) == 2 and argv[1] in SUBCOMMANDS:
+        return  # a mention of the command by name in prose, e.g. "see `fullthrottle schema`"
+    try:
+        args = build_parser().parse_args(argv[1:])
+    except SystemExit as exc:
+        assert exc.code == 0, f"{doc}:{line}: the CLI rejects `{command}`"
+        return
+    assert args.command in SUBCOMMANDS
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_every_command_has_help_with_an_example(name, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main([name, "--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert "Example" in text, f"`fullthrottle {name} --help` shows no example"
+    example_lines = [
+        line.strip()
+        for line in text.split("Example", 1)[1].splitlines()
+        if line.strip().startswith("fullthrottle ")
+    ]
+    assert example_lines, text
+    for example in example_lines:  # the examples themselves parse
+        try:
+            build_parser().parse_args(shlex.split(example)[1:])
+        except SystemExit as err:
+            assert err.code == 0, f"the example `{example}` in `{name} --help` does not parse"
+
+
+def test_top_level_help_lists_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert len(SUBCOMMANDS) == len(COMMANDS)  # one subcommand per module in cli.COMMANDS
+    for name in SUBCOMMANDS:
+        assert name in text
+
+
+def test_errors_are_one_paragraph_and_debug_shows_the_trace(tmp_path, capsys):
+    missing = tmp_path / "nope.csv"
+    assert (
+        main(["init", "--data", str(missing), "--label", "y", "--output", str(tmp_path / "c.yaml")])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.startswith("fullthrottle init: error: data path") and str(missing) in err
+    assert "Traceback" not in err
+    with pytest.raises(DataError):
+        main(
+            [
+                "--debug",
+                "init",
+                "--data",
+                str(missing),
+                "--label",
+                "y",
+                "--output",
+                str(tmp_path / "c.yaml"),
+            ]
+        )

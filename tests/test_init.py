@@ -1,0 +1,244 @@
+"""`fullthrottle init`: a new user's CSV -> a config -> a pushed model; and bad input to init."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+from fullthrottle.cli import main
+from fullthrottle.config import load_config
+from tests.helpers import last_run
+from tests.own_data import LABEL, TRAIN_STEPS, own_data_run, write_customers_csv
+
+
+@pytest.fixture(scope="module")
+def own_data(tmp_path_factory):
+    return own_data_run(str(tmp_path_factory.getbasetemp()))
+
+
+# --- the new user's path ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_init_infers_each_kind_of_column_and_writes_a_loadable_commented_config(own_data):
+    text = own_data.config_path.read_text(encoding="utf-8")
+    config = load_config(own_data.config_path)
+    assert config.data.label == LABEL
+    assert config.data.numeric == ("monthly_spend", "seats")
+    assert config.data.categorical == ("region",)
+    assert [t.name for t in config.data.text] == ["feedback"]
+    assert config.data.text[0].tokenizer == "word"
+    # "NA" was seen in the sample, so it is declared missing.
+    assert config.data.na_values == ("NA",)
+    # The data path is relative to the config file, which load_config resolves.
+    assert Path(config.data.path) == own_data.csv_path.resolve()
+    # Dropped columns are explained, not silently lost.
+    assert "customer_id: every value is distinct" in text
+    assert "source: a single value ('web')" in text
+    # The blessing bar is the majority-class share of the sample (rounded down), not 0.8.
+    counts = {
+        p: sum(r[LABEL] == p for r in own_data.records) for p in ("basic", "pro", "enterprise")
+    }
+    assert (
+        config.evaluation.accuracy_threshold
+        == math.floor(max(counts.values()) / len(own_data.records) * 100) / 100
+    )
+    # Every section and column is commented for the reader.
+    assert text.count("#") > 25
+    assert "init" in own_data.init.stdout and "dropped" in own_data.init.stdout
+
+
+@pytest.mark.slow
+def test_run_on_the_init_config_pushes_a_model_that_answers_raw_rows(own_data):
+    result = own_data.run
+    assert result.returncode == 0, f"run failed:\n{result.stdout}\n{result.stderr[-5000:]}"
+    last = last_run(own_data.output_dir)
+    assert last["blessed"] is True and last["pushed_model_dir"], last
+    assert last["training"]["steps_completed"] == TRAIN_STEPS
+    model = tf.saved_model.load(last["pushed_model_dir"])
+
+    # Raw rows as a client would send them: one tensor per raw CSV column (predict_raw takes the
+    # whole raw schema but the label; the model ignores the columns init dropped).
+    rows = [
+        r
+        for r in own_data.records[:200]
+        if r["monthly_spend"] and r["seats"] != "NA" and r["region"]
+    ]
+    raw = model.signatures["predict_raw"]
+    wanted = raw.structured_input_signature[1]
+    assert set(wanted) == set(own_data.records[0]) - {LABEL}
+    inputs = {}
+    for name, spec in wanted.items():
+        if spec.dtype == tf.string:
+            inputs[name] = tf.constant([r[name] for r in rows])
+        elif spec.dtype.is_integer:
+            inputs[name] = tf.constant([int(r[name]) for r in rows], dtype=spec.dtype)
+        else:
+            inputs[name] = tf.constant([float(r[name]) for r in rows], dtype=spec.dtype)
+    outputs = raw(**inputs)
+    probabilities = outputs["probabilities"].numpy()
+    assert probabilities.shape == (len(rows), 3)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
+    predicted = [c.decode() for c in outputs["classes"].numpy()]
+    accuracy = np.mean([p == r[LABEL] for p, r in zip(predicted, rows, strict=True)])
+    majority = max(sum(r[LABEL] == c for r in rows) for c in ("basic", "pro", "enterprise")) / len(
+        rows
+    )
+    assert accuracy > majority + 0.2, (accuracy, majority)
+
+    # Rows with missing cells go in as tf.Examples (serving_default): absent features are missing.
+    def example(row):
+        feature = {}
+        for name in ("monthly_spend", "seats"):
+            if row[name] not in ("", "NA"):
+                feature[name] = tf.train.Feature(
+                    float_list=tf.train.FloatList(value=[float(row[name])])
+                )
+        for name in ("customer_id", "region", "feedback", "source"):
+            if row[name]:
+                feature[name] = tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[row[name].encode()])
+                )
+        return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+    gappy = [
+        r
+        for r in own_data.records
+        if not r["monthly_spend"] or r["seats"] == "NA" or not r["region"]
+    ][:20]
+    assert gappy
+    served = model.signatures["serving_default"](examples=tf.constant([example(r) for r in gappy]))
+    assert np.isfinite(served["probabilities"].numpy()).all()
+
+
+# --- bad input: clear messages, nothing written ------------------------------------------------
+def _init(capsys, *args: str) -> tuple[int, str]:
+    code = main(["init", *args])
+    captured = capsys.readouterr()
+    # The CLI wraps messages at 100 columns; compare the words.
+    return code, " ".join((captured.err + captured.out).split())
+
+
+def test_init_refuses_a_binary_file_that_is_not_csv(tmp_path, capsys):
+    data = tmp_path / "photo.csv"
+    data.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    out = tmp_path / "cfg.yaml"
+    code, message = _init(capsys, "--data", str(data), "--label", "y", "--output", str(out))
+    assert code == 2
+    assert str(data) in message and "not a CSV" in message
+    assert "Traceback" not in message
+    assert not out.exists()
+
+
+def test_init_refuses_text_that_is_not_comma_separated(tmp_path, capsys):
+    data = tmp_path / "table.csv"
+    data.write_text("a;b;label\n1;2;x\n3;4;y\n", encoding="utf-8")
+    code, message = _init(
+        capsys, "--data", str(data), "--label", "label", "--output", str(tmp_path / "c.yaml")
+    )
+    assert code == 2
+    assert "single column" in message and "delimiter" in message
+
+
+def test_init_names_the_missing_label_column_and_the_ones_that_exist(tmp_path, capsys):
+    data = tmp_path / "customers.csv"
+    write_customers_csv(data, rows=50)
+    code, message = _init(
+        capsys, "--data", str(data), "--label", "Plan", "--output", str(tmp_path / "c.yaml")
+    )
+    assert code == 2
+    assert "no label column 'Plan'" in message
+    assert "did you mean 'plan'" in message
+    assert "monthly_spend" in message and "--label" in message
+
+
+def test_init_refuses_a_label_with_a_single_value(tmp_path, capsys):
+    data = tmp_path / "one_class.csv"
+    data.write_text("x,y\n1,same\n2,same\n3,same\n", encoding="utf-8")
+    code, message = _init(
+        capsys, "--data", str(data), "--label", "y", "--output", str(tmp_path / "c.yaml")
+    )
+    assert code == 2
+    assert "label column 'y'" in message and "only the value 'same'" in message
+    assert "at least two classes" in message
+
+
+def test_init_drops_a_single_value_feature_with_a_note(tmp_path, capsys):
+    data = tmp_path / "d.csv"
+    data.write_text("x,const,y\n1,k,a\n2,k,b\n3,k,a\n4,,b\n", encoding="utf-8")
+    out = tmp_path / "c.yaml"
+    code, message = _init(capsys, "--data", str(data), "--label", "y", "--output", str(out))
+    assert code == 0, message
+    assert "const" in message and "dropped" in message
+    config = load_config(out)
+    assert "const" not in config.data.feature_columns
+    assert "#   const: a single value ('k')" in out.read_text()
+
+
+def test_init_refuses_data_with_no_feature_that_varies(tmp_path, capsys):
+    data = tmp_path / "d.csv"
+    data.write_text("const,y\nk,a\nk,b\n", encoding="utf-8")
+    code, message = _init(
+        capsys, "--data", str(data), "--label", "y", "--output", str(tmp_path / "c.yaml")
+    )
+    assert code == 2
+    assert "no usable feature column" in message and "const" in message
+
+
+def test_init_never_overwrites_an_existing_config(tmp_path, capsys):
+    data = tmp_path / "d.csv"
+    data.write_text("x,y\n1,a\n2,b\n", encoding="utf-8")
+    out = tmp_path / "mine.yaml"
+    out.write_text("# my edits\n", encoding="utf-8")
+    code, message = _init(capsys, "--data", str(data), "--label", "y", "--output", str(out))
+    assert code == 2 and "already exists" in message and "--force" in message
+    assert out.read_text() == "# my edits\n"
+    code, _ = _init(capsys, "--data", str(data), "--label", "y", "--output", str(out), "--force")
+    assert code == 0 and load_config(out).data.numeric == ("x",)
+
+
+def test_init_text_flag_and_cjk_text_use_the_char_tokenizer(tmp_path, capsys):
+    data = tmp_path / "d.csv"
+    rows = ["note,tag,y"] + [f"今天的比赛非常好看{i},t{i % 3},{'ab'[i % 2]}" for i in range(30)]
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "c.yaml"
+    code, message = _init(
+        capsys, "--data", str(data), "--label", "y", "--text", "note", "--output", str(out)
+    )
+    assert code == 0, message
+    config = load_config(out)
+    assert [(t.name, t.tokenizer) for t in config.data.text] == [("note", "char")]
+    assert config.data.categorical == ("tag",)
+    # max_tokens covers the ~11 characters of these notes, in multiples of 8.
+    assert config.data.text[0].max_tokens == 16
+
+
+def test_init_reads_a_tfrecord_folder(tmp_path, capsys):
+    folder = tmp_path / "records"
+    folder.mkdir()
+    with tf.io.TFRecordWriter(str(folder / "part-0.tfrecord.gz"), options="GZIP") as writer:
+        for i in range(40):
+            example = tf.train.Example(
+                features=tf.train.Features(
+                    feature={
+                        "size": tf.train.Feature(float_list=tf.train.FloatList(value=[i * 0.5])),
+                        "color": tf.train.Feature(
+                            bytes_list=tf.train.BytesList(value=[b"red" if i % 3 else b"blue"])
+                        ),
+                        "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 2])),
+                    }
+                )
+            )
+            writer.write(example.SerializeToString())
+    out = tmp_path / "c.yaml"
+    code, message = _init(capsys, "--data", str(folder), "--label", "label", "--output", str(out))
+    assert code == 0, message
+    loaded = yaml.safe_load(out.read_text())
+    assert loaded["data"]["format"] == "tfrecord"
+    config = load_config(out)
+    assert config.data.numeric == ("size",) and config.data.categorical == ("color",)
+    assert json.dumps(loaded)  # plain data, nothing YAML-specific

@@ -80,8 +80,20 @@ def _read_csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
         header = next(reader)
     except StopIteration:
         raise DataError(f"{path} is empty: a CSV needs a header line and at least one row of data") from None
+    # --- reliability (issue 8): a malformed row is the user's to fix, not a stack trace ---
+    except csv.Error as exc:
+        raise DataError(f"{path}, line {reader.line_num}: cannot read the header as CSV ({exc})") from None
     header = [h.strip() for h in header]
-    rows = [row for row in reader if row and any(cell.strip() for cell in row)]
+    try:
+        rows = [row for row in reader if row and any(cell.strip() for cell in row)]
+    except csv.Error as exc:
+        # Python's csv reader (which TFX's CsvExampleGen also uses) refuses fields over
+        # csv.field_size_limit() characters (131,072): stop here, naming the line.
+        raise DataError(
+            f"{path}, line {reader.line_num}: {exc}; a cell this long is not accepted by the CSV "
+            "reader of ExampleGen either. Shorten or remove the value."
+        ) from None
+    # --- end reliability ---
     return header, rows
 
 
@@ -128,9 +140,11 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
             if row == header:
                 raise DataError(f"{path}, line {line_no}: the header line appears again inside the data; remove it")
             all_rows.append(["" if cell in na else cell for cell in row])
+        _check_numeric_cells(spec, header, all_rows[len(all_rows) - len(rows) :], path)  # issue 8
     assert header0 is not None
     if not all_rows:
         raise DataError(f"{files[0]} has a header but no rows of data")
+    _check_label_classes(spec, header0, all_rows, files)  # issue 8
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header0)
@@ -146,6 +160,96 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
         if stale.name != STAGED_CSV:
             stale.unlink()
     return PreparedData(str(staged_dir), tuple(map(str, files)), tuple(header0), len(all_rows))
+
+
+# --- reliability (issue 8): value checks that would otherwise fail deep inside Transform ---
+def _check_numeric_cells(spec: DataSpec, header: list[str], rows: list[list[str]], path: Path) -> None:
+    """A word in a numeric column makes ExampleGen type the column as text and Transform fail."""
+    for column in spec.numeric:
+        index = header.index(column)
+        for line_no, row in enumerate(rows, start=2):
+            cell = row[index]
+            if not cell.strip():
+                continue  # missing: Transform imputes it
+            try:
+                float(cell)
+            except ValueError:
+                raise DataError(
+                    f"{path}, line {line_no}, column {column!r} (in `data.numeric`): {cell[:80]!r} is "
+                    "not a number. Fix the cell, list the column under `data.categorical`, or add "
+                    f"its spelling of a missing value to `data.na_values`."
+                ) from None
+
+
+def _check_label_classes(spec: DataSpec, header: list[str], rows: list[list[str]], files: list[Path]) -> None:
+    """A classifier needs two classes; one label value throughout is a wrong file or filter."""
+    index = header.index(spec.label)
+    classes = {row[index] for row in rows if row[index].strip()}
+    if len(classes) < 2:
+        found = f"the single value {next(iter(classes))!r}" if classes else "no values at all"
+        raise DataError(
+            f"the label column {spec.label!r} (config field `data.label`) of "
+            f"{', '.join(map(str, files))} has {found} in {len(rows)} rows: a classifier needs at "
+            "least two classes. Check the file (a filtered export?) or the label column."
+        )
+
+
+def _scan_tfrecords(files: list[Path]) -> int:
+    """Reads every record of every file: a truncated or corrupted file stops here, named."""
+    import tensorflow as tf
+
+    total = 0
+    for path in files:
+        with open(path, "rb") as f:
+            compression = "GZIP" if f.read(2) == b"\x1f\x8b" else ""
+        try:
+            dataset = tf.data.TFRecordDataset([str(path)], compression_type=compression)
+            # do_not_convert: a counter needs no AutoGraph (whose conversion warns on 3.13).
+            count_fn = tf.autograph.experimental.do_not_convert(lambda n, _: n + 1)
+            count = int(dataset.reduce(tf.constant(0, tf.int64), count_fn))
+        except Exception as exc:  # noqa: BLE001 - DataLossError and friends: all mean a damaged file
+            detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            kind = "gzip-compressed TFRecord" if compression else "TFRecord"
+            raise DataError(
+                f"{path} is a damaged {kind} file (truncated or corrupted: {detail}); "
+                "re-export it or remove it from the data folder"
+            ) from None
+        if count == 0:
+            raise DataError(f"{path} holds no records; remove it from the data folder")
+        total += count
+    return total
+
+
+def _check_schema_file(spec: DataSpec) -> None:
+    """`data.schema_path` must name a readable schema.pbtxt that describes the label."""
+    if not spec.schema_path:
+        return
+    path = Path(spec.schema_path)
+    if not path.is_file():
+        raise DataError(
+            f"schema file {path} (config field `data.schema_path`) does not exist; write one with "
+            "`fullthrottle schema --data ... --output schema.pbtxt`"
+        )
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    try:
+        schema = text_format.Parse(path.read_text(encoding="utf-8"), schema_pb2.Schema())
+    except (text_format.ParseError, UnicodeDecodeError) as exc:
+        raise DataError(
+            f"schema file {path} (config field `data.schema_path`) is not a text-format TFMD "
+            f"Schema: {exc}"
+        ) from None
+    names = {feature.name for feature in schema.feature}
+    missing = [c for c in spec.all_columns if c not in names]
+    if missing:
+        raise DataError(
+            f"schema file {path} (config field `data.schema_path`) does not describe the "
+            f"configured column(s) {', '.join(map(repr, missing))}; add them to the schema"
+        )
+
+
+# --- end reliability ---
 
 
 def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
@@ -171,12 +275,14 @@ def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
     parent = first.parent if Path(spec.path).is_dir() else None
     if parent is None:
         raise DataError(f"`data.path` must be a folder of TFRecord files for format 'tfrecord', got the file {first}")
-    return PreparedData(str(parent), tuple(map(str, files)), tuple(header), None)
+    rows = _scan_tfrecords(files)  # issue 8
+    return PreparedData(str(parent), tuple(map(str, files)), tuple(header), rows)
 
 
 def prepare_data(config: Config) -> PreparedData:
     """Checks the configured data and stages it for ExampleGen; raises `DataError` when unusable."""
     spec = config.data
+    _check_schema_file(spec)  # issue 8
     files = source_files(spec)
     if spec.format == "tfrecord":
         return _prepare_tfrecord(spec, files)

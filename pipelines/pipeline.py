@@ -20,8 +20,10 @@ from typing import Any
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
+from components.data_gate import DataGate, ImportSchema, describe_inputs, file_digest
 from components.safe_pusher import SafePusher
 from fullthrottle.config import Config
+from fullthrottle.schemas import schema_path_for
 from trainer_module.features import transformed_name
 
 PREPROCESSING_FN = "trainer_module.transform.preprocessing_fn"
@@ -107,8 +109,11 @@ def create_pipeline(
         example_gen = tfx.components.CsvExampleGen(input_base=input_base, output_config=output_config)
 
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    if spec.schema_path:
-        schema_gen = tfx.components.ImportSchemaGen(schema_file=spec.schema_path)
+    # --- reliability (issue 8): curated schema by default for bundled data; the data gate ---
+    schema_path = schema_path_for(spec)
+    if schema_path:
+        # Not ImportSchemaGen: its cache key is the path only, so an edited schema went unseen.
+        schema_gen = ImportSchema(schema_file=schema_path, schema_digest=file_digest(schema_path))
     else:
         schema_gen = tfx.components.SchemaGen(
             statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True
@@ -116,12 +121,22 @@ def create_pipeline(
     example_validator = tfx.components.ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
     )
+    # Anomalies stop the run here. Transform and Trainer read the gate's validated schema, so
+    # they depend on the gate through data, not through a task edge.
+    data_gate = DataGate(
+        anomalies=example_validator.outputs["anomalies"],
+        schema=schema_gen.outputs["schema"],
+        input_files=describe_inputs(spec, input_base),
+        schema_source=schema_path or "inferred by SchemaGen from this data",
+    )
+    validated_schema = data_gate.outputs["validated_schema"]
+    # --- end reliability ---
 
     fingerprint = code_fingerprint()
     data_config = _plain(dataclasses.asdict(spec))
     transform = tfx.components.Transform(
         examples=example_gen.outputs["examples"],
-        schema=schema_gen.outputs["schema"],
+        schema=validated_schema,  # issue 8: gated
         preprocessing_fn=PREPROCESSING_FN,
         custom_config={"data": data_config, "code_fingerprint": fingerprint},
     )
@@ -129,7 +144,7 @@ def create_pipeline(
         run_fn=RUN_FN,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
-        schema=schema_gen.outputs["schema"],
+        schema=validated_schema,  # issue 8: gated
         train_args=tfx.proto.TrainArgs(num_steps=config.training.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=config.training.eval_steps or 0),
         custom_config={
@@ -164,6 +179,7 @@ def create_pipeline(
             statistics_gen,
             schema_gen,
             example_validator,
+            data_gate,  # issue 8
             transform,
             trainer,
             evaluator,

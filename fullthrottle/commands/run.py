@@ -117,6 +117,7 @@ def _first_line(error: BaseException) -> str:
 
 def write_last_run(config: Config, *, started_at: str, error: BaseException | None) -> dict[str, Any]:
     from fullthrottle.outcome import read_latest_run
+    from fullthrottle.redact import redact, redact_text  # issue 8
 
     outcome = read_latest_run(str(config.mlmd_path))
     components = {}
@@ -142,10 +143,11 @@ def write_last_run(config: Config, *, started_at: str, error: BaseException | No
         "serving_dir": str(config.serving_dir),
         "started_at": started_at,
         "finished_at": _now(),
-        "config": dataclasses.asdict(config),
+        # issue 8: secrets (tokens, passwords, URL credentials in Beam args...) never reach disk.
+        "config": redact(dataclasses.asdict(config)),
     }
     if error is not None:
-        summary["error"] = f"{type(error).__name__}: {_first_line(error)}"
+        summary["error"] = redact_text(f"{type(error).__name__}: {_first_line(error)}")  # issue 8
         summary["failed_component"] = failed_component
     path = config.output_path / LAST_RUN
     path.parent.mkdir(parents=True, exist_ok=True)

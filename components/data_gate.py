@@ -1,0 +1,176 @@
+"""The data gate: anomalies found by ExampleValidator stop the pipeline before Transform.
+
+TFX's ExampleValidator only records anomalies (and marks its artifact "not blessed"); nothing
+downstream looks at them. `DataGate` reads them and either fails with a readable report (split,
+column, anomaly type, description, the input files) or passes the schema through unchanged as
+its `validated_schema` output. Transform and Trainer take their schema from that output, so
+they depend on the gate through data (lineage in ML Metadata, and no task-only edge, which TFX
+documents as unreliable next to conditional nodes such as the Pusher's).
+
+The component only unpacks artifacts; `read_anomalies` and `format_report` are pure and tested
+on their own.
+"""
+
+# No `from __future__ import annotations`: TFX's @component reads the real annotation types.
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from typing import Any
+
+from tfx import v1 as tfx
+
+from fullthrottle.errors import DataError
+
+ANOMALIES_FILE = "SchemaDiff.pb"
+SCHEMA_FILE = "schema.pbtxt"
+# The report lists at most this many anomalies; the count says how many there were in all.
+MAX_REPORTED = 20
+# TFDV quotes offending values in its descriptions; a 100,000-character cell must not become a
+# 100,000-character error message.
+MAX_DESCRIPTION_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    """One anomaly of one column (or of the whole dataset, column "*") in one split."""
+
+    split: str
+    column: str
+    anomaly_type: str  # the TFDV reason, e.g. ENUM_TYPE_UNEXPECTED_STRING_VALUES
+    description: str  # TFDV's sentence, e.g. "Examples contain values missing from the schema: ..."
+
+
+class DataGateError(DataError):
+    """ExampleValidator found anomalies: the run stops before Transform.
+
+    `anomalies` holds the structured rows (for trackers such as MLflow); the message is the
+    readable report.
+    """
+
+    def __init__(self, message: str, anomalies: list[Anomaly]) -> None:
+        super().__init__(message)
+        self.anomalies = anomalies
+
+
+def read_anomalies(anomalies_uri: str, split_names: list[str]) -> list[Anomaly]:
+    """Reads ExampleValidator's `Split-<name>/SchemaDiff.pb` files; refuses a missing one."""
+    from tensorflow_metadata.proto.v0 import anomalies_pb2
+
+    found: list[Anomaly] = []
+    for split in split_names:
+        path = os.path.join(anomalies_uri, f"Split-{split}", ANOMALIES_FILE)
+        if not os.path.exists(path):
+            raise DataError(
+                f"the data gate found no anomalies file for split {split!r} at {path}; "
+                "ExampleValidator's output is incomplete: rerun the pipeline"
+            )
+        with open(path, "rb") as f:
+            proto = anomalies_pb2.Anomalies.FromString(f.read())
+        infos = sorted(proto.anomaly_info.items())
+        if proto.HasField("dataset_anomaly_info"):
+            infos.append(("*", proto.dataset_anomaly_info))
+        for column, info in infos:
+            reasons = list(info.reason) or [None]
+            for reason in reasons:
+                if reason is None:
+                    kind, text = "UNKNOWN_TYPE", info.description or info.short_description
+                else:
+                    kind = anomalies_pb2.AnomalyInfo.Type.Name(reason.type)
+                    text = reason.description or reason.short_description
+                found.append(
+                    Anomaly(split=split, column=column, anomaly_type=kind, description=text.strip())
+                )
+    return found
+
+
+def format_report(anomalies: list[Anomaly], *, input_files: str, schema_source: str) -> str:
+    """One paragraph a person can act on: what was found, where, and what to do."""
+    shown = anomalies[:MAX_REPORTED]
+    items = "; ".join(
+        f"split {a.split!r}, column {a.column!r}: {a.anomaly_type}: {_clip(a.description).rstrip('.')}"
+        for a in shown
+    )
+    more = f" (and {len(anomalies) - len(shown)} more)" if len(anomalies) > len(shown) else ""
+    return (
+        f"the data gate stopped the run: ExampleValidator found {len(anomalies)} "
+        f"anomal{'y' if len(anomalies) == 1 else 'ies'} in {input_files} against the schema "
+        f"{schema_source}: {items}{more}. Transform and Trainer did not run. Fix the data, or, if "
+        "the data is right and the schema is too strict, edit the schema (`data.schema_path`; "
+        "`fullthrottle schema` writes a starting one)."
+    )
+
+
+def _clip(text: str) -> str:
+    if len(text) <= MAX_DESCRIPTION_CHARS:
+        return text
+    return f"{text[:MAX_DESCRIPTION_CHARS]}... ({len(text)} characters)"
+
+
+def describe_inputs(spec: Any, input_base: str) -> str:
+    """Names the user's input files for the report (ExampleGen reads a staged copy of CSVs)."""
+    from fullthrottle.data import bundled_path
+
+    try:
+        original = str(bundled_path(spec.path))
+    except DataError:
+        original = spec.path
+    if spec.format == "csv" and os.path.normpath(input_base) != os.path.normpath(original):
+        return f"{original} (staged for ExampleGen in {input_base})"
+    return original
+
+
+def file_digest(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@tfx.dsl.components.component
+def ImportSchema(  # noqa: N802 - TFX names the component (and its node id) after the function
+    schema: tfx.dsl.components.OutputArtifact[tfx.types.standard_artifacts.Schema],
+    schema_file: tfx.dsl.components.Parameter[str],
+    schema_digest: tfx.dsl.components.Parameter[str],
+) -> None:
+    """Imports a curated schema.pbtxt; refuses a file that changed since the pipeline was built.
+
+    Used instead of TFX's ImportSchemaGen because that one's cache key is the file's path only:
+    a schema edited in place would silently be replaced by the stale cached copy. Here the
+    content digest is a parameter, so an edited schema is a cache miss.
+    """
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    if file_digest(schema_file) != schema_digest:
+        raise DataError(
+            f"the schema {schema_file} (config field `data.schema_path`) changed while the "
+            "pipeline was running; rerun to use the new version"
+        )
+    with open(schema_file, encoding="utf-8") as f:
+        parsed = text_format.Parse(f.read(), schema_pb2.Schema())
+    os.makedirs(schema.uri, exist_ok=True)
+    # Downstream readers expect exactly one file in the artifact folder.
+    with open(os.path.join(schema.uri, SCHEMA_FILE), "w", encoding="utf-8") as f:
+        f.write(text_format.MessageToString(parsed))
+
+
+@tfx.dsl.components.component
+def DataGate(  # noqa: N802 - TFX names the component (and its node id) after the function
+    anomalies: tfx.dsl.components.InputArtifact[tfx.types.standard_artifacts.ExampleAnomalies],
+    schema: tfx.dsl.components.InputArtifact[tfx.types.standard_artifacts.Schema],
+    validated_schema: tfx.dsl.components.OutputArtifact[tfx.types.standard_artifacts.Schema],
+    input_files: tfx.dsl.components.Parameter[str],
+    schema_source: tfx.dsl.components.Parameter[str],
+) -> None:
+    """Fails with `DataGateError` when there are anomalies; otherwise passes the schema on."""
+    split_names = json.loads(anomalies.split_names or "[]")
+    found = read_anomalies(anomalies.uri, split_names)
+    if found:
+        raise DataGateError(
+            format_report(found, input_files=input_files, schema_source=schema_source), found
+        )
+    os.makedirs(validated_schema.uri, exist_ok=True)
+    for name in os.listdir(schema.uri):
+        source = os.path.join(schema.uri, name)
+        if os.path.isfile(source):
+            shutil.copy2(source, os.path.join(validated_schema.uri, name))

@@ -1,0 +1,385 @@
+"""The bad-input corpus: every case stops with a named message and pushes nothing.
+
+Each case is built from the bundled penguins CSV (so only the named defect differs) and run
+through the real CLI entry point (`fullthrottle.cli.main`, in this process so TensorFlow and TFX
+are imported once for all cases). "before" cases stop in `fullthrottle.data` before any component
+runs; "gate" cases run the real CsvExampleGen -> StatisticsGen -> ExampleValidator on Beam against
+the curated schema and are stopped by the DataGate before Transform.
+
+`docs/reliability.md` holds the same cases as a table; `test_docs_table_matches_the_corpus`
+keeps the two in sync.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from fullthrottle import cli
+from fullthrottle.data import bundled_path
+from fullthrottle.outcome import read_latest_run
+from fullthrottle.schemas import PENGUINS_SCHEMA
+from tests.helpers import REPO, served_dirs
+
+DOC = REPO / "docs" / "reliability.md"
+SECRET = "SUPERSECRET123"
+
+
+def _penguins() -> tuple[list[str], list[list[str]]]:
+    rows = list(csv.reader(bundled_path("palmerpenguins").read_text().splitlines()))
+    return rows[0], rows[1:]
+
+
+def _csv_text(header: list[str], rows: list[list[str]]) -> str:
+    out = io.StringIO(newline="")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def _with_cells(column: str, value: str, every: int = 40) -> Callable[[Path], list[str]]:
+    """Penguins with `value` written into `column` of every `every`-th row."""
+
+    def build(folder: Path) -> list[str]:
+        header, rows = _penguins()
+        index = header.index(column)
+        for number, row in enumerate(rows):
+            if number % every == 5:
+                row[index] = value
+        path = folder / "penguins.csv"
+        path.write_text(_csv_text(header, rows))
+        return ["--data", str(path)]
+
+    return build
+
+
+def _write(name: str, content: bytes | str, *extra: str) -> Callable[[Path], list[str]]:
+    def build(folder: Path) -> list[str]:
+        path = folder / name
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content)
+        return ["--data", str(path), *extra]
+
+    return build
+
+
+def _penguin_text(
+    transform: Callable[[list[str], list[list[str]]], tuple[list[str], list[list[str]]]],
+):
+    header, rows = _penguins()
+    return _csv_text(*transform(header, [list(r) for r in rows]))
+
+
+def _extra_column(folder: Path) -> list[str]:
+    text = _penguin_text(lambda h, rows: ([*h, "wingspan_mm"], [[*r, "812"] for r in rows]))
+    path = folder / "penguins.csv"
+    path.write_text(text)
+    # A secret in the config must not reach last_run.json (checked for every gate case).
+    return ["--data", str(path), "--set", f'beam.extra_args=["--db_password={SECRET}"]']
+
+
+def _nan_and_inf(folder: Path) -> list[str]:
+    header, rows = _penguins()
+    length, depth = header.index("bill_length_mm"), header.index("bill_depth_mm")
+    rows[10][length] = "nan"
+    rows[200][depth] = "inf"
+    path = folder / "penguins.csv"
+    path.write_text(_csv_text(header, rows))
+    return ["--data", str(path)]
+
+
+def _examples(count: int = 40) -> list[bytes]:
+    header, rows = _penguins()
+    records = []
+    for row in rows[:count]:
+        feature = {}
+        for name, cell in zip(header, row, strict=True):
+            if name in ("species", "island", "sex"):
+                feature[name] = tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[cell.encode()])
+                )
+            else:
+                value = float(cell) if cell != "NA" else 0.0
+                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+        records.append(
+            tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+        )
+    return records
+
+
+def _tfrecord_bytes(records: list[bytes], compression: str = "") -> bytes:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = f"{tmp}/data.tfrecord"
+        with tf.io.TFRecordWriter(path, options=compression or None) as writer:
+            for record in records:
+                writer.write(record)
+        return Path(path).read_bytes()
+
+
+def _truncated_tfrecord(folder: Path) -> list[str]:
+    data_dir = folder / "records"
+    data_dir.mkdir()
+    data = _tfrecord_bytes(_examples())
+    (data_dir / "part-0.tfrecord").write_bytes(data[: len(data) - 37])  # cut inside the last record
+    return ["--data", str(data_dir), "--set", "data.format=tfrecord"]
+
+
+def _corrupted_gzip_tfrecord(folder: Path) -> list[str]:
+    data_dir = folder / "records"
+    data_dir.mkdir()
+    data = bytearray(_tfrecord_bytes(_examples(), compression="GZIP"))
+    assert data[:2] == b"\x1f\x8b"
+    middle = len(data) // 2
+    data[middle : middle + 16] = bytes(b ^ 0xFF for b in data[middle : middle + 16])
+    (data_dir / "part-0.tfrecord.gz").write_bytes(bytes(data))
+    return ["--data", str(data_dir), "--set", "data.format=tfrecord"]
+
+
+def _missing_schema_file(folder: Path) -> list[str]:
+    return ["--set", f"data.schema_path={folder / 'nope.pbtxt'}"]
+
+
+HEADER_LINE = "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g,sex,year"
+
+
+@dataclass(frozen=True)
+class Case:
+    case_id: str
+    stage: str  # "before" (fullthrottle.data, no component runs) or "gate" (DataGate fails)
+    build: Callable[[Path], list[str]]  # writes the input under a folder, returns CLI args
+    needles: tuple[str, ...]  # what the one-paragraph message must say
+
+
+CASES = (
+    Case(
+        "missing-column",
+        "before",
+        _write(
+            "penguins.csv",
+            _penguin_text(lambda h, rows: (h[:3] + h[4:], [r[:3] + r[4:] for r in rows])),
+        ),
+        ("'bill_depth_mm'", "data.numeric", "penguins.csv"),
+    ),
+    Case(
+        "missing-label-column",
+        "before",
+        _write("penguins.csv", _penguin_text(lambda h, rows: (h[1:], [r[1:] for r in rows]))),
+        ("'species'", "data.label"),
+    ),
+    Case(
+        "string-in-numeric-column",
+        "before",
+        _with_cells("body_mass_g", "heavy"),
+        ("column 'body_mass_g'", "'heavy' is not a number", "line 7"),
+    ),
+    Case("empty-file", "before", _write("penguins.csv", ""), ("penguins.csv is empty",)),
+    Case("header-only", "before", _write("penguins.csv", HEADER_LINE + "\n"), ("no rows of data",)),
+    Case(
+        "single-label-value",
+        "before",
+        _write(
+            "penguins.csv",
+            _penguin_text(lambda h, rows: (h, [r for r in rows if r[0] == "Gentoo"])),
+        ),
+        ("single value 'Gentoo'", "at least two classes", "data.label"),
+    ),
+    Case(
+        "duplicated-header-row",
+        "before",
+        _write(
+            "penguins.csv",
+            _penguin_text(lambda h, rows: (h, rows[:100] + [list(h)] + rows[100:])),
+        ),
+        ("line 102", "header line appears again"),
+    ),
+    Case(
+        "non-utf8-bytes",
+        "before",
+        _write(
+            "penguins.csv",
+            _penguin_text(lambda h, rows: (h, rows))
+            .encode()
+            .replace(b"Torgersen", b"Torg\xe9rsen", 1),
+        ),
+        ("not UTF-8", "line 2"),
+    ),
+    Case(
+        "wrong-delimiter",
+        "before",
+        _write("penguins.csv", _penguin_text(lambda h, rows: (h, rows)).replace(",", ";")),
+        ("single column", "delimiter"),
+    ),
+    Case(
+        "value-over-csv-field-limit",
+        "before",
+        _with_cells("island", "Biscoe" * 30_000, every=1000),
+        ("line 7", "field larger than field limit", "Shorten or remove"),
+    ),
+    Case(
+        "truncated-tfrecord",
+        "before",
+        _truncated_tfrecord,
+        ("part-0.tfrecord", "damaged TFRecord", "truncated or corrupted"),
+    ),
+    Case(
+        "corrupted-gzip-tfrecord",
+        "before",
+        _corrupted_gzip_tfrecord,
+        ("part-0.tfrecord.gz", "gzip", "corrupted"),
+    ),
+    Case(
+        "missing-schema-file",
+        "before",
+        _missing_schema_file,
+        ("nope.pbtxt", "data.schema_path", "fullthrottle schema"),
+    ),
+    Case(
+        "extra-column",
+        "gate",
+        _extra_column,
+        ("column 'wingspan_mm'", "SCHEMA_NEW_COLUMN", "New column"),
+    ),
+    Case(
+        "label-missing-in-some-rows",
+        "gate",
+        _with_cells("species", "NA"),
+        ("column 'species'",),
+    ),
+    Case(
+        "unseen-label-value",
+        "gate",
+        _with_cells("species", "Emperor"),
+        ("column 'species'", "ENUM_TYPE_UNEXPECTED_STRING_VALUES", "Emperor"),
+    ),
+    Case(
+        "nan-and-inf",
+        "gate",
+        _nan_and_inf,
+        ("column 'bill_length_mm'", "FLOAT_TYPE_HAS_NAN", "column 'bill_depth_mm'", "Inf"),
+    ),
+    Case(
+        "far-out-of-range",
+        "gate",
+        _with_cells("body_mass_g", "45000"),
+        ("column 'body_mass_g'", "INT_TYPE_BIG_INT", "45000"),
+    ),
+    Case(
+        "extremely-long-value",
+        "gate",
+        _with_cells("island", "Dream" * 20_000, every=1000),
+        ("column 'island'", "ENUM_TYPE_UNEXPECTED_STRING_VALUES", "characters)"),
+    ),
+)
+
+
+def _run(capsys, folder: Path, case: Case) -> tuple[int, str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    args = case.build(folder)
+    output_dir = folder / "out"
+    if case.stage == "gate":
+        # The curated schema is the contract; user data only gets it when asked for.
+        args = [*args, "--set", f"data.schema_path={PENGUINS_SCHEMA}"]
+    capsys.readouterr()
+    code = cli.main(
+        ["run", "--output-dir", str(output_dir), "--set", "training.train_steps=5", *args]
+    )
+    stderr = capsys.readouterr().err
+    return code, stderr, output_dir
+
+
+def _error_paragraph(stderr: str) -> str:
+    lines = stderr.splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith("fullthrottle run: error:")]
+    assert starts, f"no error message in:\n{stderr[-3000:]}"
+    return " ".join(lines[starts[-1] :])
+
+
+def _assert_nothing_pushed(output_dir: Path) -> None:
+    assert served_dirs(output_dir / "serving" / "penguins") == []
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.stage == "before"], ids=lambda c: c.case_id)
+def test_stopped_before_the_pipeline(tmp_path, capsys, case):
+    code, stderr, output_dir = _run(capsys, tmp_path, case)
+    assert code == 2, stderr[-3000:]
+    message = _error_paragraph(stderr)
+    assert "Traceback" not in stderr
+    for needle in case.needles:
+        assert needle in message, (needle, message)
+    _assert_nothing_pushed(output_dir)
+    assert not (output_dir / "metadata").exists(), (
+        "no component may run on data stopped before the pipeline"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in CASES if c.stage == "gate"], ids=lambda c: c.case_id)
+def test_stopped_by_the_data_gate(tmp_path, capsys, case):
+    code, stderr, output_dir = _run(capsys, tmp_path, case)
+    assert code == 2, stderr[-3000:]
+    message = _error_paragraph(stderr)
+    assert message.startswith(
+        "fullthrottle run: error: DataGate failed: the data gate stopped the run"
+    )
+    for needle in (
+        *case.needles,
+        "penguins.csv",
+        str(PENGUINS_SCHEMA),
+        "Transform and Trainer did not run",
+    ):
+        assert needle in message, (needle, message)
+    assert len(message) < 6000, "long cell values must be clipped in the report"
+    _assert_nothing_pushed(output_dir)
+    outcome = read_latest_run(str(output_dir / "metadata" / "fullthrottle-penguins.sqlite"))
+    assert outcome is not None
+    assert outcome.components["DataGate"].state == "failed"
+    assert outcome.components["ExampleValidator"].state == "complete"
+    assert not {"Transform", "Trainer", "Evaluator", "Pusher"} & set(outcome.components)
+    last = json.loads((output_dir / "last_run.json").read_text())
+    assert last["status"] == "failed" and last["failed_component"] == "DataGate"
+    assert last["pushed_model_dir"] is None
+    assert "data gate stopped the run" in last["error"]
+    assert SECRET not in (output_dir / "last_run.json").read_text()
+    if case.case_id == "extra-column":
+        assert last["config"]["beam"]["extra_args"] == ["--db_password=REDACTED"]
+
+
+def _doc_table() -> dict[str, str]:
+    """case id -> stage, from the corpus table in docs/reliability.md."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text.split("## Bad-input corpus", 1)[1].split("\n## ", 1)[0]
+    table: dict[str, str] = {}
+    for line in section.splitlines():
+        match = re.match(r"\|\s*`([a-z0-9-]+)`\s*\|([^|]*)\|\s*(before|gate)\b", line)
+        if match:
+            assert match.group(1) not in table, f"case {match.group(1)} listed twice in {DOC}"
+            table[match.group(1)] = match.group(3)
+    return table
+
+
+def test_docs_table_matches_the_corpus():
+    assert _doc_table() == {c.case_id: c.stage for c in CASES}
+    assert len(CASES) >= 15
+
+
+def test_corpus_covers_the_issue_list():
+    required = {
+        "missing-column", "extra-column", "string-in-numeric-column", "empty-file", "header-only",
+        "label-missing-in-some-rows", "unseen-label-value", "nan-and-inf", "far-out-of-range",
+        "single-label-value", "duplicated-header-row", "non-utf8-bytes", "truncated-tfrecord",
+        "corrupted-gzip-tfrecord", "extremely-long-value", "wrong-delimiter",
+    }  # fmt: skip
+    assert required <= {c.case_id for c in CASES}

@@ -171,7 +171,7 @@ def test_redacting_filter_cleans_log_records():
     finally:
         logger.removeHandler(handler)
     assert records == [f"connecting to postgres://u:{REDACTED}@db/x with api_key={REDACTED}"]
-    assert redact_text("plain text, nothing secret: 12:30") == "plain text, nothing secret: 12:30"
+    assert redact_text("run 7 finished at 12:30, step=40") == "run 7 finished at 12:30, step=40"
 
 
 def test_bundled_run_passes_the_gate_with_the_curated_schema(penguins_run):

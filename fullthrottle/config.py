@@ -254,7 +254,7 @@ class StepResources:
 # Built-in resources, beneath whatever `kubeflow.resources` sets: the Trainer on a GPU, the rest
 # on CPU. A user's field wins over these field by field, so `trainer.accelerator_count: 2` keeps
 # the Trainer's other built-in values.
-DEFAULT_STEP_RESOURCES = StepResources(cpu_request="1", memory_request="4Gi", memory_limit="8Gi")
+DEFAULT_STEP_RESOURCES = StepResources(cpu_request="2", memory_request="4Gi", memory_limit="8Gi")
 BUILTIN_STEP_RESOURCES: Mapping[str, StepResources] = types.MappingProxyType(
     {
         "trainer": StepResources(
@@ -334,9 +334,10 @@ class KubeflowConfig:
     pipeline_root: str = "/mnt/fullthrottle/pipeline_root"  # the pipeline name is appended
     input_base: str = "/mnt/fullthrottle/data"  # folder of input files, staged as `run` stages them
     serving_dir: str = "/mnt/fullthrottle/serving"  # the model name is appended
-    # Beam args of the data components. In a pod: DirectRunner with one process per core.
+    # Beam args of the data components. In a pod: DirectRunner, one process per requested CPU
+    # (not 0 = "all cores": in a pod that counts the node's cores, not the pod's share).
     # A distributed runner replaces them, e.g. ["--runner=FlinkRunner", "--flink_master=...", ...].
-    beam_args: tuple[str, ...] = ("--direct_running_mode=multi_processing", "--direct_num_workers=0")
+    beam_args: tuple[str, ...] = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
     enable_cache: bool | None = None  # KFP step caching; None follows the top-level `enable_cache`
     namespace: str = "kubeflow"  # of KFP runs and of TFJobs
     resources: PipelineResources = field(default_factory=PipelineResources)

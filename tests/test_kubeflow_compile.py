@@ -60,7 +60,7 @@ def volume_spec(tmp_path_factory):
     overrides = [
         f"kubeflow.beam_args={json.dumps(FLINK_ARGS)}",
         "kubeflow.resources.trainer.accelerator_count=2",
-        "kubeflow.resources.transform.cpu_request=2",
+        "kubeflow.resources.transform.cpu_request=3",
         "kubeflow.resources.transform.memory_limit=12Gi",
     ]
     argv = ["compile", "--target", "kubeflow", "-o", str(output), "--image", IMAGE]
@@ -137,7 +137,7 @@ def test_resources_per_step(volume_spec):
     assert (trainer.accelerator.type, trainer.accelerator.count) == ("nvidia.com/gpu", 2)
     assert trainer.resource_cpu_request == "4" and trainer.resource_memory_limit == "32Gi"
     transform = containers["Transform"].resources
-    assert transform.resource_cpu_request == "2" and transform.cpu_request == 2.0
+    assert transform.resource_cpu_request == "3" and transform.cpu_request == 3.0
     assert transform.resource_memory_limit == "12Gi"
     assert transform.memory_limit == pytest.approx(12 * 2**30 / 1e9)
     for name, container in containers.items():
@@ -146,7 +146,7 @@ def test_resources_per_step(volume_spec):
         assert not container.resources.accelerator.resource_type, f"{name} asks for an accelerator"
         assert container.resources.resource_memory_request == "4Gi", name
         if name != "Transform":
-            assert container.resources.resource_cpu_request == "1", name
+            assert container.resources.resource_cpu_request == "2", name
 
 
 def test_caching_flags(volume_spec, tfjob_spec):

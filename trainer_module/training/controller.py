@@ -97,13 +97,17 @@ def _scalar(name: str, value: float, step: int) -> None:
 
 
 def _invalid_data_error(e: tf.errors.InvalidArgumentError, step: int) -> Exception:
-    msg = e.message or str(e)
-    if "Feature" in msg or "not in [" in msg or "Name:" in msg:
-        return InputDataError(
-            f"the training data does not match the feature spec / ModelInputs near step "
-            f"{step}: {msg.strip().splitlines()[0]}"
-        )
-    return e
+    """A parse/lookup failure inside the loop means the data and the spec disagree: say so
+    (with TF's line that names the feature) instead of a graph-execution stack."""
+    lines = [ln.strip() for ln in (e.message or str(e)).splitlines() if ln.strip()]
+    hits = [ln for ln in lines if "Feature" in ln or "not in [" in ln]
+    if not hits:
+        return e
+    return InputDataError(
+        f"the training data does not match the feature spec / ModelInputs (near step {step}): "
+        f"{hits[0]}. Check that Transform wrote every feature ModelInputs names, with the "
+        "declared shape, and that id features are within their cardinality."
+    )
 
 
 def _agree_any(strategy: tf.distribute.Strategy, flag: bool, num_workers: int) -> bool:

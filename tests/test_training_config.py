@@ -1,0 +1,244 @@
+"""Refusals and resolution rules that need no training: config validation (errors name the
+field), batch arithmetic against the replica count, the precision `auto` rule, TF_CONFIG
+parsing, strategy selection and the model builders' contracts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.training_data import feature_spec, tabular_inputs, text_inputs
+from trainer_module.training import (
+    ConfigError,
+    InputDataError,
+    ModelInputs,
+    TrainingConfig,
+    build_model,
+    cluster_info,
+    create_strategy,
+    resolve_batch_sizes,
+    resolve_precision_policy,
+    scaled_learning_rate,
+    train,
+    validate_feature_spec,
+)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"per_replica_batch_size": -4}, "per_replica_batch_size"),
+        ({"per_replica_batch_size": 0}, "per_replica_batch_size"),
+        ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps"),
+        ({"train_steps": -1}, "train_steps"),
+        ({"steps_per_loop": 0}, "steps_per_loop"),
+        ({"eval_steps": 0}, "eval_steps"),
+        ({"learning_rate": -1.0}, "learning_rate"),
+        ({"learning_rate": float("nan")}, "learning_rate"),
+        ({"warmup_steps": -3}, "warmup_steps"),
+        ({"precision": "float8"}, "precision"),
+        ({"precision": "mixed_float32"}, "precision"),
+        ({"strategy": "tpu"}, "strategy"),
+        ({"model": "resnet"}, "model"),
+        ({"optimizer": "lion"}, "optimizer"),
+        ({"learning_rate_scaling": "sqrt"}, "learning_rate_scaling"),
+        ({"dropout_rate": 1.0}, "dropout_rate"),
+        ({"hidden_units": ()}, "hidden_units"),
+        ({"transformer_d_model": 30, "transformer_heads": 4}, "transformer_d_model"),
+        ({"profile_steps": (5, 5)}, "profile_steps"),
+        ({"checkpoint_every_seconds": 0}, "checkpoint_every_seconds"),
+        ({"shuffle_buffer_size": -1}, "shuffle_buffer_size"),
+        ({"num_parallel_calls": 0}, "num_parallel_calls"),
+        ({"global_batch_size": 10, "gradient_accumulation_steps": 4}, "global_batch_size"),
+        (
+            {
+                "global_batch_size": 12,
+                "gradient_accumulation_steps": 2,
+                "num_logical_cpu_devices": 4,
+            },
+            "global_batch_size",
+        ),
+        ({"per_replica_batch_size": 2.5}, "per_replica_batch_size"),
+    ],
+)
+def test_bad_config_names_the_field(kwargs, field):
+    with pytest.raises(ConfigError, match=f"`{field}`") as info:
+        TrainingConfig(**kwargs)
+    assert isinstance(info.value, ValueError)
+
+
+def test_bad_config_message_shows_value():
+    with pytest.raises(ConfigError, match=r"`per_replica_batch_size` must be > 0, got -4"):
+        TrainingConfig(per_replica_batch_size=-4)
+
+
+def test_batch_arithmetic_and_lr_scaling():
+    c = TrainingConfig(per_replica_batch_size=16, gradient_accumulation_steps=4)
+    b = resolve_batch_sizes(c, num_replicas=2)
+    assert (b.per_replica, b.per_replica_step, b.global_batch) == (16, 64, 128)
+    assert scaled_learning_rate(c, b.global_batch) == pytest.approx(1e-3 * 128 / 64)
+    assert scaled_learning_rate(
+        TrainingConfig(learning_rate_scaling="none"), b.global_batch
+    ) == pytest.approx(1e-3)
+    g = resolve_batch_sizes(TrainingConfig(global_batch_size=96, gradient_accumulation_steps=2), 3)
+    assert (g.per_replica, g.global_batch) == (16, 96)
+    # A global batch that does not split over the replicas (x accumulation) is refused.
+    with pytest.raises(ConfigError, match="`global_batch_size`.*replicas \\(2\\)"):
+        resolve_batch_sizes(TrainingConfig(global_batch_size=3), num_replicas=2)
+    with pytest.raises(ConfigError, match="`global_batch_size`"):
+        resolve_batch_sizes(
+            TrainingConfig(global_batch_size=8, gradient_accumulation_steps=4), num_replicas=4
+        )
+
+
+def test_global_batch_not_fitting_replicas_fails_in_train(tmp_path):
+    inputs = tabular_inputs()
+    with pytest.raises(ConfigError, match="`global_batch_size`"):
+        train(
+            config=TrainingConfig(
+                global_batch_size=9, strategy="mirrored", num_logical_cpu_devices=2
+            ),
+            model_inputs=inputs,
+            feature_spec=feature_spec(inputs),
+            train_files=[str(tmp_path / "none.gz")],
+            eval_files=[],
+            work_dir=str(tmp_path),
+        )
+
+
+def test_model_inputs_validation():
+    with pytest.raises(ConfigError, match="`num_classes`"):
+        ModelInputs(numeric=("a",), num_classes=1)
+    with pytest.raises(ConfigError, match="unique"):
+        ModelInputs(numeric=("a",), categorical={"a": 3})
+    with pytest.raises(ConfigError, match="`label`"):
+        ModelInputs(numeric=("label",))
+    with pytest.raises(ConfigError, match=r"`text\['t'\]`"):
+        ModelInputs(text={"t": (100, 0)})
+    with pytest.raises(ConfigError, match="`model` is 'transformer'"):
+        TrainingConfig(model="transformer").resolved_model(tabular_inputs())
+    assert TrainingConfig().resolved_model(text_inputs()) == "transformer"
+    assert TrainingConfig().resolved_model(tabular_inputs()) == "tabular"
+
+
+def test_feature_spec_validation():
+    inputs = text_inputs()
+    spec = feature_spec(inputs)
+    validate_feature_spec(spec, inputs)
+    bad = dict(spec, tokens=tf.io.FixedLenFeature([4], tf.int64))
+    with pytest.raises(InputDataError, match="'tokens' must be int64 of shape \\[8\\]"):
+        validate_feature_spec(bad, inputs)
+    bad = dict(spec, x0=tf.io.FixedLenFeature([], tf.int64))
+    with pytest.raises(InputDataError, match="'x0' must be float32"):
+        validate_feature_spec(bad, inputs)
+    del spec["label"]
+    with pytest.raises(InputDataError, match="'label'"):
+        validate_feature_spec(spec, inputs)
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ("fpu sse avx2 avx512f", "float32"),
+        ("fpu sse avx2 avx512f avx512_bf16", "mixed_bfloat16"),
+        ("fpu amx_tile amx_bf16", "mixed_bfloat16"),
+    ],
+)
+def test_auto_precision_reads_cpu_flags(tmp_path, flags, expected):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n"
+    )
+    name, reason = resolve_precision_policy(TrainingConfig(), cpuinfo_path=str(cpuinfo))
+    assert name == expected and reason
+    # An explicit policy always wins.
+    assert (
+        resolve_precision_policy(
+            TrainingConfig(precision="mixed_float16"), cpuinfo_path=str(cpuinfo)
+        )[0]
+        == "mixed_float16"
+    )
+
+
+def test_tf_config_parsing(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert cluster_info().num_workers == 1 and cluster_info().is_chief
+    cluster = {"chief": ["h:1"], "worker": ["h:2", "h:3"], "evaluator": ["h:4"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "chief", "index": 0}})
+    )
+    info = cluster_info()
+    assert (info.num_workers, info.is_chief, info.worker_index) == (3, True, 0)
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 1}})
+    )
+    info = cluster_info()
+    assert (info.num_workers, info.is_chief, info.worker_index) == (3, False, 2)
+    # No chief task: worker 0 is the chief (TensorFlow's convention).
+    cluster = {"worker": ["h:1", "h:2"]}
+    monkeypatch.setenv(
+        "TF_CONFIG", json.dumps({"cluster": cluster, "task": {"type": "worker", "index": 0}})
+    )
+    assert cluster_info().is_chief
+    monkeypatch.setenv("TF_CONFIG", "{not json")
+    with pytest.raises(ConfigError, match="TF_CONFIG"):
+        cluster_info()
+
+
+def test_strategy_selection(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert isinstance(create_strategy(TrainingConfig()), tf.distribute.OneDeviceStrategy)
+    mirrored = create_strategy(TrainingConfig(num_logical_cpu_devices=2))
+    assert isinstance(mirrored, tf.distribute.MirroredStrategy)
+    assert mirrored.num_replicas_in_sync == 2
+    # conftest made exactly two logical CPUs and TF is initialised: 3 cannot be honoured.
+    with pytest.raises(ConfigError, match="`num_logical_cpu_devices` is 3"):
+        create_strategy(TrainingConfig(num_logical_cpu_devices=3))
+    with pytest.raises(ConfigError, match="`strategy` is 'multi_worker'"):
+        create_strategy(TrainingConfig(strategy="multi_worker"))
+    with pytest.raises(ConfigError, match="`num_logical_cpu_devices`"):
+        create_strategy(TrainingConfig(strategy="one_device", num_logical_cpu_devices=2))
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
+def test_models_output_float32_probabilities(policy):
+    config = TrainingConfig(
+        transformer_layers=1, transformer_d_model=16, transformer_heads=2, transformer_ffn_dim=16
+    )
+    for inputs in (tabular_inputs(), text_inputs()):
+        model = build_model(inputs, config, policy)
+        batch = {
+            "x0": np.ones(3, np.float32),
+            "x1": np.ones(3, np.float32),
+            "x2": np.ones(3, np.float32),
+            "cat": np.array([0, 1, 4]),
+            "tokens": np.array([[1, 2, 0, 0, 0, 0, 0, 0]] * 3),
+        }
+        probs = model({k: batch[k] for k in model.input}, training=False)
+        assert probs.dtype == tf.float32 and tuple(probs.shape) == (3, 3)
+        np.testing.assert_allclose(np.sum(probs, -1), 1.0, rtol=1e-3)
+        compute = {layer.dtype_policy.compute_dtype for layer in model.layers[:-1]}
+        assert policy.removeprefix("mixed_") in compute
+
+
+def test_transformer_ignores_padding():
+    # Padding (id 0) is masked out of attention keys and of the mean pooling, so whatever the
+    # padding embedding holds cannot reach the output; a real token can.
+    config = TrainingConfig(
+        transformer_layers=1, transformer_d_model=16, transformer_heads=2, dropout_rate=0.0
+    )
+    inputs = ModelInputs(text={"t": (20, 6)}, num_classes=2)
+    model = build_model(inputs, config)
+    ids = np.array([[5, 6, 0, 0, 0, 0], [7, 0, 0, 0, 0, 0]])
+    before = model({"t": ids}).numpy()
+    table = model.get_layer("tok_t")
+    (emb,) = table.get_weights()
+    emb[0] = np.random.default_rng(0).normal(scale=10.0, size=emb.shape[1])
+    table.set_weights([emb])
+    np.testing.assert_allclose(model({"t": ids}).numpy(), before, rtol=1e-5, atol=1e-6)
+    emb[5] = np.random.default_rng(1).normal(scale=10.0, size=emb.shape[1])
+    table.set_weights([emb])
+    assert not np.allclose(model({"t": ids}).numpy()[0], before[0], atol=1e-4)

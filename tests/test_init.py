@@ -93,16 +93,17 @@ def test_run_on_the_init_config_pushes_a_model_that_answers_raw_rows(own_data):
     # Rows with missing cells go in as tf.Examples (serving_default): absent features are missing.
     def example(row):
         feature = {}
-        for name in ("monthly_spend", "seats"):
-            if row[name] not in ("", "NA"):
-                feature[name] = tf.train.Feature(
-                    float_list=tf.train.FloatList(value=[float(row[name])])
-                )
-        for name in ("customer_id", "region", "feedback", "source"):
-            if row[name]:
-                feature[name] = tf.train.Feature(
-                    bytes_list=tf.train.BytesList(value=[row[name].encode()])
-                )
+        for name, spec in wanted.items():
+            cell = row[name]
+            if cell in ("", "NA"):
+                continue
+            if spec.dtype == tf.string:
+                value = tf.train.BytesList(value=[cell.encode()])
+                feature[name] = tf.train.Feature(bytes_list=value)
+            elif spec.dtype.is_integer:
+                feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(cell)]))
+            else:
+                feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(cell)]))
         return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
     gappy = [

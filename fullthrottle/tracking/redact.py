@@ -27,6 +27,13 @@ _QUERY_SECRET = re.compile(
 )
 
 
+# --flag=value command-line arguments (e.g. Beam args) whose flag names a secret.
+_FLAG_SECRET = re.compile(
+    r"(?P<key>--[A-Za-z0-9_.-]*(?:pass(?:word|wd)?|secret|token|api[_-]?key|credential)[A-Za-z0-9_.-]*=)(?P<value>[^\s\"',]+)",
+    re.I,
+)
+
+
 def is_secret_key(key: str) -> bool:
     """True when a field name says its value is a secret (e.g. `tracking.api_token`)."""
     last = key.rsplit(".", 1)[-1]
@@ -37,6 +44,7 @@ def redact_text(value: str) -> str:
     """Masks credentials embedded in a string (URIs, query parameters)."""
     value = _URI_PASSWORD.sub(lambda m: f"{m.group('head')}:{MASK}@", value)
     value = _URI_BARE_USERINFO.sub(lambda m: f"{m.group('head')}{MASK}@", value)
+    value = _FLAG_SECRET.sub(lambda m: f"{m.group('key')}{MASK}", value)
     return _QUERY_SECRET.sub(lambda m: f"{m.group('key')}{MASK}", value)
 
 

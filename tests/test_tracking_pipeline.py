@@ -1,0 +1,290 @@
+"""MLflow tracking of real pipeline runs, against a real `mlflow server` (SQLite, 127.0.0.1).
+
+One output folder is shared by the runs below so that ExampleGen..Transform run once and are
+cached afterwards (the runs differ in training config only). Runs:
+  A  killed with SIGKILL during training, after a checkpoint; then rerun to completion;
+  B  a different learning rate, same server (for `compare`);
+  C  a second server that is killed during training.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from fullthrottle.tracking.pipeline_run import RUN_KEY_TAG
+from tests.helpers import REPO, last_run, run_cli
+from tests.tracking_server import MlflowServer
+
+pytestmark = pytest.mark.slow
+
+STEPS_A = 1200
+LOOP = 25
+COMMON = (
+    "--set", f"training.steps_per_loop={LOOP}",
+    "--set", "training.checkpoint_every_steps=100",
+    "--set", "tracking.system_metrics_interval_seconds=1",
+)  # fmt: skip
+
+
+def _cli_env(uri: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["MLFLOW_TRACKING_URI"] = uri
+    return env
+
+
+def _start_cli(*args: str, uri: str, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fullthrottle", *args],
+        cwd=REPO,
+        env=_cli_env(uri),
+        stdout=open(log, "w"),  # noqa: SIM115 - the child owns it
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _checkpoint_steps(output_dir: Path) -> list[int]:
+    pattern = str(
+        output_dir
+        / "pipeline_root"
+        / "*"
+        / "Trainer"
+        / "training_state"
+        / "*"
+        / "checkpoints"
+        / "ckpt-*.index"
+    )
+    return sorted(int(Path(p).name[len("ckpt-") : -len(".index")]) for p in glob.glob(pattern))
+
+
+def _wait_for_checkpoint(
+    process: subprocess.Popen, output_dir: Path, *, at_least: int, log: Path
+) -> int:
+    """Polls until a checkpoint of step >= `at_least` exists; returns the newest step."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        steps = _checkpoint_steps(output_dir)
+        if steps and steps[-1] >= at_least:
+            return steps[-1]
+        assert process.poll() is None, f"run ended before a checkpoint:\n{log.read_text()[-4000:]}"
+        time.sleep(0.05)
+    raise AssertionError("no checkpoint within 600 s")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    started = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def output_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("tracked_runs")
+
+
+@pytest.fixture(scope="module")
+def run_a(server, output_dir):
+    """Run A: SIGKILLed during training after a checkpoint, then rerun to completion."""
+    args = (
+        "run",
+        "--output-dir",
+        str(output_dir),
+        "--set",
+        f"training.train_steps={STEPS_A}",
+        *COMMON,
+    )
+    log = output_dir / "run_a_killed.log"
+    process = _start_cli(*args, uri=server.uri, log=log)
+    try:
+        killed_after = _wait_for_checkpoint(process, output_dir, at_least=200, log=log)
+    finally:
+        process.kill()  # SIGKILL: no cleanup, no flush, the MLflow run stays RUNNING
+        process.wait()
+    assert killed_after < STEPS_A, "training finished before the kill; the test would prove nothing"
+    result = run_cli(*args, env={"MLFLOW_TRACKING_URI": server.uri})
+    assert result.returncode == 0, result.stderr[-5000:]
+    return killed_after, result
+
+
+def _parent_runs(client: MlflowClient, experiment: str = "fullthrottle-penguins"):
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    return client.search_runs([experiment_id], filter_string=f"tags.`{RUN_KEY_TAG}` != ''")
+
+
+def _children(client: MlflowClient, parent, component: str):
+    return client.search_runs(
+        [parent.info.experiment_id],
+        filter_string=f"tags.`mlflow.parentRunId` = '{parent.info.run_id}' and tags.`fullthrottle.component` = '{component}'",
+    )
+
+
+def test_killed_run_resumes_into_one_mlflow_run_without_duplicate_or_missing_steps(
+    server, output_dir, run_a
+):
+    killed_after, result = run_a
+    assert f"resumed from step {killed_after}" in result.stderr, (
+        "the rerun did not resume the killed training"
+    )
+    client = MlflowClient(server.uri)
+    parents = _parent_runs(client)
+    assert len(parents) == 1, [p.info.run_id for p in parents]
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["fullthrottle.attempts"] == "2"
+    trainers = _children(client, parent, "Trainer")
+    assert len(trainers) == 1
+    expected = list(range(LOOP, STEPS_A + 1, LOOP))
+    for key in ("loss", "learning_rate", "examples_per_second", "input_wait_fraction"):
+        steps = sorted(m.step for m in client.get_metric_history(trainers[0].info.run_id, key))
+        assert steps == expected, (
+            f"{key}: duplicated or missing steps {sorted(set(expected) ^ set(steps))[:10]}"
+        )
+    assert last_run(output_dir)["tracking"]["reattached"] is True
+
+
+def test_pipeline_run_is_tracked_with_params_metrics_artifacts_and_registered_model(
+    server, output_dir, run_a
+):
+    client = MlflowClient(server.uri)
+    (parent,) = _parent_runs(client)
+    last = last_run(output_dir)
+    assert last["tracking"]["complete"] is True, last["tracking"]
+    assert last["tracking"]["run_id"] == parent.info.run_id
+    tags, params, metrics = parent.data.tags, parent.data.params, parent.data.metrics
+    # Tags: pipeline, TFX run id, MLMD execution ids, git, versions, device, strategy.
+    assert tags["fullthrottle.pipeline_name"] == "fullthrottle-penguins"
+    assert tags["fullthrottle.tfx_run_id"] == last["run_id"]
+    assert tags["fullthrottle.execution_id.Trainer"] == str(
+        last["components"]["Trainer"]["execution_id"]
+    )
+    assert len(tags["mlflow.source.git.commit"]) == 40 and tags["fullthrottle.git_dirty"] in (
+        "true",
+        "false",
+    )
+    assert tags["fullthrottle.version.tensorflow"].startswith("2.")
+    assert tags["fullthrottle.device"] and tags["fullthrottle.strategy"]
+    # Params: the resolved config flattened, plus derived values.
+    assert params["training.train_steps"] == str(STEPS_A)
+    assert params["pipeline_name"] == "fullthrottle-penguins"
+    training = last["training"]
+    assert params["derived.global_batch_size"] == str(training["global_batch_size"])
+    assert params["derived.num_replicas"] == str(training["num_replicas"])
+    assert params["derived.precision_policy"] == training["precision_policy"]
+    assert float(params["derived.scaled_learning_rate"]) == pytest.approx(training["learning_rate"])
+    # Metrics: eval results, throughput, rows per split, anomaly counts.
+    assert metrics["eval.sparse_categorical_accuracy"] == pytest.approx(
+        last["eval_metrics"]["sparse_categorical_accuracy"]
+    )
+    assert metrics["train.examples_per_second"] > 0
+    assert metrics["rows.train"] + metrics["rows.eval"] == 344
+    assert "anomalies.train" in metrics and "anomalies.eval" in metrics
+    # System metrics next to the training metrics, on the Trainer run.
+    (trainer,) = _children(client, parent, "Trainer")
+    assert any(k.startswith("system/cpu_utilization") for k in trainer.data.metrics)
+    assert any(k.startswith("system/system_memory") for k in trainer.data.metrics)
+    for component in ("Transform", "Evaluator"):
+        assert len(_children(client, parent, component)) == 1, component
+    # Artifacts.
+    top = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"schema", "anomalies", "tensorboard", "last_run.json", "model"} <= top, top
+    assert any(
+        a.path.endswith("MLmodel") for a in client.list_artifacts(parent.info.run_id, "model")
+    )
+    # Registry: the pushed model, its serving path and push version; the alias on it.
+    versions = client.search_model_versions("name = 'penguins'")
+    assert len(versions) == 1
+    version = versions[0]
+    assert version.run_id == parent.info.run_id
+    assert version.tags["serving_path"] == last["pushed_model_dir"]
+    assert version.tags["push_version"] == last["pushed_version"]
+    assert client.get_model_version_by_alias("penguins", "champion").version == version.version
+
+
+def test_logged_model_answers_like_the_pushed_model(server, output_dir, run_a):
+    import mlflow.pyfunc
+    import numpy as np
+    import pandas as pd
+    import tensorflow as tf
+
+    client = MlflowClient(server.uri)
+    (parent,) = _parent_runs(client)
+    model = mlflow.pyfunc.load_model(f"{parent.info.artifact_uri}/model")
+    names = [c.name for c in model.metadata.get_input_schema().inputs]
+    assert set(names) == {
+        "bill_length_mm",
+        "bill_depth_mm",
+        "flipper_length_mm",
+        "body_mass_g",
+        "island",
+        "sex",
+    }
+    rows = pd.DataFrame(
+        {"bill_length_mm": [39.1, 46.5], "bill_depth_mm": [18.7, 15.0], "flipper_length_mm": [181.0, 220.0],
+         "body_mass_g": [3750.0, 5200.0], "island": ["Torgersen", "Biscoe"], "sex": ["male", "female"]}
+    )  # fmt: skip
+    answer = model.predict(rows)
+    pushed = tf.saved_model.load(last_run(output_dir)["pushed_model_dir"]).signatures["predict_raw"]
+    direct = pushed(
+        **{
+            c: tf.constant(
+                rows[c].to_numpy().astype(np.float32 if rows[c].dtype.kind == "f" else object)
+            )
+            for c in rows
+        }
+    )
+    np.testing.assert_allclose(answer["probabilities"], direct["probabilities"].numpy(), rtol=1e-6)
+
+
+def test_compare_shows_differing_params_and_writes_chart(server, output_dir, run_a, tmp_path):
+    result = run_cli(
+        "run", "--output-dir", str(output_dir), "--set", "training.train_steps=300",
+        "--set", "training.learning_rate=0.003", *COMMON, env={"MLFLOW_TRACKING_URI": server.uri},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-5000:]
+    chart = tmp_path / "compare.png"
+    result = run_cli(
+        "compare", "--last", "2", "--output-dir", str(output_dir), "--chart", str(chart),
+        env={"MLFLOW_TRACKING_URI": server.uri},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = {
+        line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.strip()
+    }
+    assert lines["training.learning_rate"] == ["0.001", "0.003"]
+    assert lines["training.train_steps"] == [str(STEPS_A), "300"]
+    assert "training.seed" not in lines, "identical params must not be listed"
+    assert len(lines["accuracy"]) == 2 and len(lines["examples/s"]) == 2
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 10_000
+
+
+def test_tracking_server_down_during_training_does_not_stop_the_run(output_dir, tmp_path):
+    doomed = MlflowServer(tmp_path / "doomed_server")
+    log = tmp_path / "run_c.log"
+    try:
+        process = _start_cli(
+            "run", "--output-dir", str(output_dir), "--set", "training.train_steps=900",
+            "--set", "tracking.retries=1", "--set", "tracking.retry_backoff_seconds=0.2",
+            "--set", "tracking.request_timeout_seconds=5", "--set", "tracking.flush_timeout_seconds=10",
+            *COMMON, uri=doomed.uri, log=log,
+        )  # fmt: skip
+        _wait_for_checkpoint(process, output_dir, at_least=200, log=log)
+    finally:
+        doomed.stop()
+    assert process.wait(timeout=900) == 0, log.read_text()[-5000:]
+    last = last_run(output_dir)
+    assert last["training"]["steps_completed"] == 900
+    assert last["pushed_model_dir"] and Path(last["pushed_model_dir"], "saved_model.pb").exists()
+    assert last["tracking"]["complete"] is False
+    assert last["tracking"]["failures"]
+    assert "MLflow tracking is INCOMPLETE" in log.read_text()

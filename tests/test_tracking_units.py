@@ -1,0 +1,92 @@
+"""Tracking pieces that need no pipeline: redaction, the run key, a dead server, the journal."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from fullthrottle.config import load_config
+from fullthrottle.tracking.channel import Channel, MetricSender
+from fullthrottle.tracking.hook import Journal
+from fullthrottle.tracking.pipeline_run import config_params, run_key
+from fullthrottle.tracking.redact import redact_text
+from tests.tracking_server import free_port
+
+
+def test_secrets_are_masked_in_uris_and_secret_fields_but_ordinary_fields_survive():
+    assert (
+        redact_text("https://bob:hunter2@mlflow.example:443/x")
+        == "https://bob:***@mlflow.example:443/x"
+    )
+    assert (
+        redact_text("http://h/x?access_token=abc123&page=2") == "http://h/x?access_token=***&page=2"
+    )
+    config = load_config(
+        overrides=[
+            "tracking.uri=https://alice:s3cret@tracking.example",
+            "beam.extra_args=['--api_token=xyz']",
+        ]
+    )
+    params = config_params(config)
+    assert (
+        "s3cret" not in str(params)
+        and params["tracking.uri"] == "https://alice:***@tracking.example"
+    )
+    assert "xyz" not in params["beam.extra_args"]
+    assert params["training.per_replica_batch_size"] == "64"
+    assert params["data.label"] == "species"
+
+
+def test_run_key_follows_config_data_and_code_but_not_tracking_settings(tmp_path):
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,x\n")
+    config = load_config(overrides=[f"output_dir={tmp_path}"])
+    key = run_key(config, source_files=(str(data),), code_fingerprint="c1")
+    retracked = dataclasses.replace(
+        config, tracking=dataclasses.replace(config.tracking, retries=9)
+    )
+    assert run_key(retracked, source_files=(str(data),), code_fingerprint="c1") == key
+    assert run_key(config, source_files=(str(data),), code_fingerprint="c2") != key
+    retrained = load_config(overrides=[f"output_dir={tmp_path}", "training.learning_rate=0.01"])
+    assert run_key(retrained, source_files=(str(data),), code_fingerprint="c1") != key
+    data.write_text("a,b\n1,y\n")
+    assert run_key(config, source_files=(str(data),), code_fingerprint="c1") != key
+
+
+def test_unreachable_server_is_retried_then_reported_and_later_calls_fail_fast(monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+    channel = Channel(f"http://127.0.0.1:{free_port()}", retries=2, backoff_seconds=0.1)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return channel.client.get_experiment_by_name("x")
+
+    assert channel.ok("first", counted) is False
+    assert len(calls) == 3  # one try + two retries
+    assert channel.ok("second", counted) is False
+    assert len(calls) == 4  # degraded: a single attempt
+    sender = MetricSender(channel)
+    from mlflow.entities import Metric
+
+    sender.send("no-such-run", [Metric("loss", 1.0, int(time.time() * 1000), 1)])
+    assert sender.close(timeout=30)
+    status = channel.status()
+    assert (
+        status["complete"] is False
+        and status["dropped_metric_points"] == 1
+        and status["failure_count"] == 3
+    )
+
+
+def test_journal_keeps_records_up_to_the_restored_step_and_survives_a_torn_line(tmp_path):
+    journal = Journal(str(tmp_path / "j.jsonl"))
+    for step in (25, 50, 75, 100, 125):
+        journal.append({"step": step, "timestamp": 0, "values": {"loss": 1.0 / step}})
+    journal.close()
+    with open(tmp_path / "j.jsonl", "a") as f:
+        f.write('{"step": 150, "timest')  # killed mid-write
+    kept = Journal(str(tmp_path / "j.jsonl")).keep_until(100)
+    assert [r["step"] for r in kept] == [25, 50, 75, 100]
+    assert [r["step"] for r in Journal(str(tmp_path / "j.jsonl")).read()] == [25, 50, 75, 100]

@@ -15,8 +15,8 @@ The heuristics, in order (the same text is in docs/own-data.md):
    (TFRecord).
 4. text: named with `--text`, or strings that are long (mean length >= 30 characters) or
    sentence-like (mean >= 3 whitespace-separated words and >= 50% distinct values).
-   The tokenizer is "char" when most values contain CJK characters (no spaces between words),
-   else "word".
+   The tokenizer is "char" when at least 20% of the values contain CJK characters (written
+   without spaces between words), else "word".
 5. A string column whose values are all distinct and short is dropped: it looks like an
    identifier, and an identifier's vocabulary would only memorize rows.
 6. categorical: every other string column.
@@ -39,6 +39,8 @@ NA_CANDIDATES = ("NA", "N/A", "n/a", "NaN", "nan", "null", "NULL", "None", "?")
 TEXT_MIN_MEAN_LENGTH = 30
 TEXT_MIN_MEAN_WORDS = 3
 TEXT_MIN_DISTINCT_FRACTION = 0.5
+# Share of text values containing CJK characters from which the char tokenizer is chosen.
+CJK_CHAR_TOKENIZER_FRACTION = 0.2
 # A label with more distinct values than this (and more than half the rows distinct) looks
 # continuous: fullthrottle trains classifiers.
 LABEL_MAX_CLASSES = 200
@@ -225,7 +227,9 @@ def _parses_as_number(text: str) -> bool:
 
 
 def _text_settings(name: str, values: list[str]) -> TextSettings:
-    cjk = sum(1 for v in values if _CJK.search(v)) > len(values) / 2
+    # CJK is written without spaces between words, so whitespace splitting would make each
+    # message one token; characters work for both scripts (English just gets longer sequences).
+    cjk = sum(1 for v in values if _CJK.search(v)) >= CJK_CHAR_TOKENIZER_FRACTION * len(values)
     tokenizer = "char" if cjk else "word"
     if tokenizer == "char":
         lengths = sorted(len([c for c in v if not c.isspace()]) for v in values)

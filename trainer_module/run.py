@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from typing import Any
 
@@ -109,6 +110,12 @@ def run_fn(fn_args: Any) -> None:
             _copy_tree(source, os.path.join(fn_args.model_run_dir, name))
     summary = summarize(result)
     summary["work_dir"] = work_dir
+    # --- step-time advisor (issue 4): input wait vs compute, and what to change ---------------
+    from trainer_module.training.advisor import advise_result, format_advice
+
+    summary["advisor"] = advise_result(result, training)
+    logging.info("fullthrottle step-time advisor:\n%s", "\n".join(format_advice(summary["advisor"])))
+    # --- end advisor -----------------------------------------------------------------------------
     tf.io.gfile.makedirs(fn_args.model_run_dir)
     with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, SUMMARY_FILE), "w") as f:
         f.write(json.dumps(summary, indent=2, default=float))

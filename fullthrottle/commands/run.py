@@ -177,6 +177,13 @@ def print_summary(summary: dict[str, Any]) -> None:
                 precision=training.get("precision_policy"),
             )
         )
+        # --- step-time advisor (issue 4) ---------------------------------------------------------
+        if training.get("advisor"):
+            from trainer_module.training.advisor import format_advice
+
+            lines.append("  step-time advisor:")
+            lines.extend(format_advice(training["advisor"], indent="    "))
+        # --- end advisor -------------------------------------------------------------------------
     if summary["pushed_model_dir"]:
         lines.append(f"  pushed: {summary['pushed_model_dir']}")
     elif summary["blessed"]:

@@ -108,13 +108,6 @@ def compose_file(config: Config, *, kit_dir: Path, project_root: Path) -> str:
             f"./models.config:{CONTAINER_MODELS_ROOT}/config/models.config:ro",
             f"./batching.config:{CONTAINER_MODELS_ROOT}/config/batching.config:ro",
         ],
-        "healthcheck": {
-            "test": [
-                "CMD-SHELL",
-                f"curl -fs http://localhost:{config.serving.rest_port}/v1/models/{config.model_name} || exit 1",
-            ],
-            "interval": "10s",
-        },
     }
     return _yaml([{"services": {f"{config.model_name}-serving": service}}])
 

@@ -449,7 +449,9 @@ class PipelineTracker:
             outputs = comp.outputs.get(key) if comp else None
             return outputs[0]["uri"] if outputs else None
 
-        schema = first_uri("SchemaGen", "schema") or first_uri("ImportSchemaGen", "schema")
+        # SchemaGen, or whichever node imports a schema (its id depends on the pipeline variant).
+        schema_nodes = [name for name in components if "Schema" in name]
+        schema = next((uri for uri in (first_uri(n, "schema") for n in schema_nodes) if uri), None)
         if schema and os.path.isdir(schema):
             self.channel.ok("log the schema", client.log_artifacts, self.run_id, schema, "schema")
         anomalies = first_uri("ExampleValidator", "anomalies")

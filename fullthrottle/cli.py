@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from fullthrottle.errors import USER_ERRORS
 
 # Modules under fullthrottle.commands, in the order `--help` lists them.
-COMMANDS = ("run", "init", "schema", "doctor", "compare", "ui", "compile", "submit", "serve", "predict", "deploy_kit")
+COMMANDS = ("run", "init", "schema", "doctor", "compare", "ui", "compile", "submit", "serve", "predict", "deploy_kit", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

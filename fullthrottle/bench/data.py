@@ -1,0 +1,189 @@
+"""The data the benchmarks train on and the pipelines they run.
+
+Owns: generating CSV data of a given size (penguins-like tabular rows; the bundled text data for
+the Transformer), running the real pipeline — whole, or its prefix up to Transform — on it, and
+reading back from ML Metadata what the Trainer benchmarks need (transformed files, feature spec,
+schema, ``ModelInputs``). Nothing here times anything.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import glob
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fullthrottle.config import BeamConfig, Config, DataSpec, TextColumn, load_config
+from trainer_module.training import ModelInputs, TrainingConfig
+
+# The Transformer benchmark's shape: the 2-layer encoder whose CPU rates ENVIRONMENT.md records
+# (d_model 128, sequence 128, 4 heads, FFN 512, batch 64), on the bundled text data.
+TRANSFORMER_DATA = DataSpec(
+    path="bundled:text_topics",
+    label="topic",
+    numeric=("length_hint",),
+    categorical=("language",),
+    text=(TextColumn(name="message", tokenizer="char", max_tokens=128, vocab_size=400),),
+    na_values=(),
+)
+TRANSFORMER_TRAINING = TrainingConfig(
+    model="transformer",
+    per_replica_batch_size=64,
+    transformer_layers=2,
+    transformer_d_model=128,
+    transformer_heads=4,
+    transformer_ffn_dim=512,
+)
+# The tabular benchmark: the defaults, i.e. what `make run` trains on the penguins data.
+TABULAR_TRAINING = TrainingConfig(model="tabular")
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """Transform's output for one dataset, as both trainers read it."""
+
+    name: str
+    train_files: tuple[str, ...]
+    examples_uri: str  # the transformed Examples artifact (for TFX's data accessor)
+    feature_spec: dict[str, Any]
+    schema: Any  # tensorflow_metadata Schema of the transformed features
+    model_inputs: ModelInputs
+    compression: str = "GZIP"
+
+
+def _component(outcome: Any, name: str) -> Any:
+    comp = outcome.components.get(name) if outcome else None
+    if comp is None or comp.state not in ("complete", "cached"):
+        raise RuntimeError(f"{name} did not complete in the benchmark's pipeline run")
+    return comp
+
+
+def training_data_from_run(mlmd_path: str, spec: DataSpec, *, name: str) -> TrainingData:
+    """The newest run's Transform outputs in ``mlmd_path`` (the way the Trainer receives them)."""
+    import tensorflow_transform as tft
+
+    from fullthrottle.outcome import read_latest_run
+    from trainer_module.run import model_inputs_from
+
+    transform = _component(read_latest_run(mlmd_path), "Transform")
+    graph_uri = transform.outputs["transform_graph"][0]["uri"]
+    examples_uri = transform.outputs["transformed_examples"][0]["uri"]
+    files = tuple(sorted(glob.glob(os.path.join(examples_uri, "Split-train", "*"))))
+    if not files:
+        raise RuntimeError(f"no transformed training files under {examples_uri}")
+    tft_output = tft.TFTransformOutput(graph_uri)
+    return TrainingData(
+        name=name,
+        train_files=files,
+        examples_uri=examples_uri,
+        feature_spec=dict(tft_output.transformed_feature_spec()),
+        schema=tft_output.transformed_metadata.schema,
+        model_inputs=model_inputs_from(spec, tft_output),
+    )
+
+
+def write_tabular_csv(path: Path, rows: int, *, seed: int = 0) -> Path:
+    """Penguins-shaped rows (4 numeric, 2 categorical, 3 classes) whose label depends on the
+    features, so Transform and the Trainer do their ordinary work."""
+    rng = random.Random(seed)
+    species = ("Adelie", "Chinstrap", "Gentoo")
+    islands = ("Biscoe", "Dream", "Torgersen")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(
+            [
+                "species",
+                "island",
+                "bill_length_mm",
+                "bill_depth_mm",
+                "flipper_length_mm",
+                "body_mass_g",
+                "sex",
+            ]
+        )
+        for _ in range(rows):
+            k = rng.randrange(3)
+            writer.writerow(
+                [
+                    species[k],
+                    islands[(k + rng.randrange(2)) % 3],
+                    round(rng.gauss(39 + 7 * k, 3), 1),
+                    round(rng.gauss(18.5 - 2 * (k == 2), 1.2), 1),
+                    rng.randint(180, 200) + 20 * (k == 2),
+                    rng.randint(3000, 4000) + 1200 * (k == 2),
+                    rng.choice(("male", "female")),
+                ]
+            )
+    return path
+
+
+def transform_prefix_config(
+    *, output_dir: str, spec: DataSpec, beam: BeamConfig, name: str = "fullthrottle-bench"
+) -> Config:
+    """A config for the pipeline's data prefix; cache off so every run does the work."""
+    base = load_config(None)
+    return dataclasses.replace(
+        base,
+        pipeline_name=name,
+        output_dir=output_dir,
+        enable_cache=False,
+        data=spec,
+        beam=beam,
+    )
+
+
+def run_transform_prefix(config: Config) -> dict[str, Any]:
+    """Runs the real pipeline up to and including Transform (ExampleGen, StatisticsGen, the
+    schema, ExampleValidator, the data gate, Transform — the same nodes and code as
+    ``fullthrottle run``, without Trainer/Evaluator/Pusher) and returns the per-component
+    seconds from MLMD and the wall time."""
+    from tfx import v1 as tfx
+
+    from fullthrottle.data import prepare_data
+    from fullthrottle.outcome import read_latest_run
+    from pipelines.local_runner import build_local_pipeline
+
+    prepared = prepare_data(config)
+    full = build_local_pipeline(config, input_base=prepared.input_base)
+    ids = [c.id for c in full.components]
+    prefix = full.components[: ids.index("Transform") + 1]
+    pipeline = tfx.dsl.Pipeline(
+        pipeline_name=full.pipeline_info.pipeline_name,
+        pipeline_root=full.pipeline_info.pipeline_root,
+        components=prefix,
+        enable_cache=False,
+        metadata_connection_config=full.metadata_connection_config,
+        beam_pipeline_args=full.beam_pipeline_args,
+    )
+    started = time.perf_counter()
+    tfx.orchestration.LocalDagRunner().run(pipeline)
+    wall = time.perf_counter() - started
+    outcome = read_latest_run(str(config.mlmd_path))
+    seconds = {name: comp.seconds for name, comp in outcome.components.items()} if outcome else {}
+    return {"rows": prepared.rows, "wall_seconds": wall, "component_seconds": seconds}
+
+
+def example_gen_name(seconds: dict[str, float]) -> str:
+    return next(n for n in seconds if n.endswith("ExampleGen"))
+
+
+def raw_eval_examples(pipeline_root: str, *, label: str, limit: int) -> Sequence[bytes]:
+    """Serialized raw tf.Examples of ExampleGen's eval split, label removed (serving input)."""
+    import tensorflow as tf
+
+    files = sorted(
+        glob.glob(os.path.join(pipeline_root, "*ExampleGen", "examples", "*", "Split-eval", "*"))
+    )
+    out = []
+    for record in tf.data.TFRecordDataset(files, compression_type="GZIP").take(limit):
+        example = tf.train.Example.FromString(record.numpy())
+        del example.features.feature[label]
+        out.append(example.SerializeToString())
+    return out

@@ -1,0 +1,566 @@
+"""The benchmark suite: runs every benchmark, writes ``<results>/<timestamp>.json`` and ``.md``.
+
+Sizes differ between modes only in how much is measured (``Sizes``); the code path is the
+same. Each benchmark's failure is recorded in the results (and shown in the table) instead of
+stopping the suite, so one broken part does not hide the others' numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fullthrottle.bench.measure import describe, ratio
+
+REPO = Path(__file__).resolve().parent.parent.parent
+BENCHMARKS = ("pipeline", "trainer", "tracking", "beam", "serving")
+
+TARGETS = {
+    "transformer_vs_tfx_example": 2.0,
+    "transformer_mfu": 0.50,
+    "transformer_input_efficiency": 0.97,
+    "tabular_input_efficiency": 0.97,
+    "tracking_on_vs_off": 0.98,
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each benchmark measures."""
+
+    repeats: int = 5
+    transformer_window_steps: int = 50
+    tabular_window_steps: int = 1000
+    reader_batches: int = 400
+    tracking_train_steps: int = 1000
+    tracking_repeats: int = 3
+    beam_rows: tuple[int, ...] = (250_000, 500_000, 1_000_000)
+    beam_workers: tuple[int, ...] = (1, 2)
+    serving_requests: int = 1000
+    serving_concurrency: int = 8
+    pipeline_train_steps: int | None = None  # None = the config's default (what `make run` does)
+    transformer_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+FULL = Sizes()
+QUICK = Sizes(
+    repeats=3,
+    transformer_window_steps=15,
+    tabular_window_steps=500,
+    reader_batches=200,
+    tracking_train_steps=400,
+    tracking_repeats=2,
+    beam_rows=(5_000, 20_000),
+    serving_requests=200,
+    serving_concurrency=4,
+)
+
+
+def machine() -> dict[str, Any]:
+    from trainer_module.training.advisor import device_facts
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), ""
+            )
+    except OSError:
+        pass
+    import tensorflow as tf
+
+    facts = device_facts()
+    return {
+        "cpu": model,
+        **facts.describe(),
+        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+        "python": platform.python_version(),
+        "tensorflow": tf.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def _ratio_entry(
+    samples: dict[str, list[float]], num: str, den: str, unit: str = "examples/s"
+) -> dict[str, Any]:
+    return {
+        "unit": unit,
+        num: describe(samples[num]),
+        den: describe(samples[den]),
+        **ratio(samples, num, den),
+    }
+
+
+# ------------------------------------------------------------------------------ benchmarks
+def bench_pipeline(work: Path, sizes: Sizes) -> dict[str, Any]:
+    """`fullthrottle run` on the bundled penguins data (a fresh output folder), in a subprocess
+    exactly as a user runs it; wall time and per-component seconds from MLMD."""
+    out = work / "penguins_run"
+    command = [sys.executable, "-m", "fullthrottle", "run", "--output-dir", str(out)]
+    if sizes.pipeline_train_steps:
+        command += ["--set", f"training.train_steps={sizes.pipeline_train_steps}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode not in (0, 3):
+        raise RuntimeError(f"fullthrottle run exited {done.returncode}: {done.stderr[-2000:]}")
+    last = json.loads((out / "last_run.json").read_text())
+    seconds = {name: comp["seconds"] for name, comp in last["components"].items()}
+    total = sum(seconds.values())
+    return {
+        "output_dir": str(out),
+        "wall_seconds": wall,
+        "component_seconds": seconds,
+        "component_share": {k: v / total for k, v in seconds.items()} if total else {},
+        "training": {
+            k: (last.get("training") or {}).get(k)
+            for k in ("examples_per_second", "input_wait_fraction", "precision_policy", "advisor")
+        },
+        "blessed": last["blessed"],
+    }
+
+
+def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) -> dict[str, Any]:
+    from fullthrottle.bench.measure import alternate
+    from fullthrottle.bench.trainer import (
+        KerasFitBaseline,
+        OurLoop,
+        compute_dtype,
+        matmul_ceiling,
+        training_flops_per_example,
+    )
+
+    ours = OurLoop(data, config)
+    memory = OurLoop(data, config, source="memory")
+    baseline = KerasFitBaseline(data, config)
+    warm = max(config.steps_per_loop, 2)
+    ours.measure(warm)  # tracing
+    memory.measure(warm)
+    baseline.measure(min(window, 20))
+    samples = alternate(
+        {
+            "ours": lambda: ours.measure(window),
+            "tfx_example": lambda: baseline.measure(window),
+            "ours_in_memory": lambda: memory.measure(window),
+        },
+        repeats=sizes.repeats,
+    )
+    flops = training_flops_per_example(data, config)
+    ceilings = {dtype: matmul_ceiling(dtype) for dtype in {compute_dtype(ours.policy), "float32"}}
+    ours_eps = describe(samples["ours"])["median"]
+    base_eps = describe(samples["tfx_example"])["median"]
+    ceiling = ceilings[compute_dtype(ours.policy)]["flops_per_second"]
+    from trainer_module.training.advisor import advise, device_facts, measurements_from_history
+
+    steady = [r for r in ours.records[1:]]
+    advice = advise(
+        measurements_from_history(
+            steady, global_batch_size=ours.batch.global_batch, precision_policy=ours.policy
+        ),
+        config,
+        device_facts(),
+    )
+    return {
+        "model": name,
+        "precision_policy": ours.policy,
+        "global_batch_size": ours.batch.global_batch,
+        "window_steps": window,
+        "vs_tfx_example": _ratio_entry(samples, "ours", "tfx_example"),
+        "input_efficiency": _ratio_entry(samples, "ours", "ours_in_memory"),
+        "flops_per_example": flops,
+        "matmul_ceiling": ceilings,
+        "mfu": {
+            "ours": ours_eps * flops["training"] / ceiling,
+            "ours_ceiling_dtype": compute_dtype(ours.policy),
+            "tfx_example": base_eps * flops["training"] / ceilings["float32"]["flops_per_second"],
+            "tfx_example_ceiling_dtype": "float32",
+        },
+        "advisor": advice,
+    }
+
+
+def bench_trainer(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> dict[str, Any]:
+    """Both models: ours vs the TFX example, input efficiency, MFU, reader vs tfx_bsl."""
+    from fullthrottle.bench.data import (
+        TABULAR_TRAINING,
+        TRANSFORMER_DATA,
+        TRANSFORMER_TRAINING,
+        run_transform_prefix,
+        training_data_from_run,
+        transform_prefix_config,
+    )
+    from fullthrottle.bench.measure import alternate  # noqa: F401 - kept for readers of this flow
+    from fullthrottle.bench.trainer import reader_rates
+    from fullthrottle.config import BeamConfig, DataSpec
+
+    results: dict[str, Any] = {}
+    # Tabular: the penguins run's Transform output (or a prefix run when that benchmark was skipped).
+    if pipeline and pipeline.get("output_dir"):
+        tab_mlmd = Path(pipeline["output_dir"]) / "metadata" / "fullthrottle-penguins.sqlite"
+    else:
+        cfg = transform_prefix_config(
+            output_dir=str(work / "tabular"), spec=DataSpec(), beam=BeamConfig()
+        )
+        run_transform_prefix(cfg)
+        tab_mlmd = cfg.mlmd_path
+    tabular = training_data_from_run(str(tab_mlmd), DataSpec(), name="tabular")
+    text_cfg = transform_prefix_config(
+        output_dir=str(work / "transformer"),
+        spec=TRANSFORMER_DATA,
+        beam=BeamConfig(),
+        name="fullthrottle-bench-text",
+    )
+    results["transformer_transform"] = run_transform_prefix(text_cfg)
+    text = training_data_from_run(str(text_cfg.mlmd_path), TRANSFORMER_DATA, name="transformer")
+    transformer_config = dataclasses.replace(TRANSFORMER_TRAINING, **sizes.transformer_overrides)
+
+    results["transformer"] = _trainer_model(
+        text, transformer_config, sizes, sizes.transformer_window_steps, "transformer"
+    )
+    results["tabular"] = _trainer_model(
+        tabular, TABULAR_TRAINING, sizes, sizes.tabular_window_steps, "tabular"
+    )
+    for name, data, config in (
+        ("tabular", tabular, TABULAR_TRAINING),
+        ("transformer", text, transformer_config),
+    ):
+        samples = reader_rates(data, config, batches=sizes.reader_batches, repeats=sizes.repeats)
+        entry = _ratio_entry(samples, "ours", "tfx_bsl")
+        train_eps = results[name]["vs_tfx_example"]["ours"]["median"]
+        entry["headroom_vs_training"] = entry["ours"]["median"] / train_eps
+        results[name]["reader_vs_tfx_bsl"] = entry
+    results["data"] = {
+        "tabular": {"train_files": list(tabular.train_files)},
+        "transformer": {"train_files": list(text.train_files)},
+    }
+    return results
+
+
+def bench_tracking(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> dict[str, Any]:
+    """MLflow on vs off around the real ``train()`` on the tabular data (the fastest steps, so
+    the largest relative cost of per-loop hook work), SQLite store like ``fullthrottle run``."""
+    from fullthrottle.bench.data import TABULAR_TRAINING, training_data_from_run
+    from fullthrottle.bench.trainer import tracking_rates
+    from fullthrottle.config import DataSpec
+
+    if not (pipeline and pipeline.get("output_dir")):
+        raise RuntimeError("needs the pipeline benchmark's transformed penguins data")
+    tab_mlmd = Path(pipeline["output_dir"]) / "metadata" / "fullthrottle-penguins.sqlite"
+    data = training_data_from_run(str(tab_mlmd), DataSpec(), name="tabular")
+    config = dataclasses.replace(TABULAR_TRAINING, train_steps=sizes.tracking_train_steps)
+    uri = f"sqlite:///{work / 'mlflow' / 'mlflow.db'}"
+    (work / "mlflow").mkdir(parents=True, exist_ok=True)
+    measured = tracking_rates(data, config, tracking_uri=uri, repeats=sizes.tracking_repeats)
+    entry = _ratio_entry(measured["samples"], "on", "off")
+    entry["train_reported_examples_per_second"] = measured["train_reported_examples_per_second"]
+    entry["train_steps"] = config.train_steps
+    return entry
+
+
+def bench_beam(work: Path, sizes: Sizes) -> dict[str, Any]:
+    """ExampleGen + Transform rows/s on generated penguins-shaped CSVs, 1 vs 2 DirectRunner
+    workers (multi_processing), from MLMD component times. One run per point (each is long)."""
+    from fullthrottle.bench.data import (
+        example_gen_name,
+        run_transform_prefix,
+        transform_prefix_config,
+        write_tabular_csv,
+    )
+    from fullthrottle.config import BeamConfig, DataSpec
+
+    points = []
+    for rows in sizes.beam_rows:
+        csv_path = write_tabular_csv(work / "beam" / f"rows{rows}" / "data.csv", rows)
+        for workers in sizes.beam_workers:
+            cfg = transform_prefix_config(
+                output_dir=str(work / "beam" / f"rows{rows}-w{workers}"),
+                spec=dataclasses.replace(DataSpec(), path=str(csv_path)),
+                beam=BeamConfig(direct_running_mode="multi_processing", direct_num_workers=workers),
+                name="fullthrottle-bench-beam",
+            )
+            run = run_transform_prefix(cfg)
+            secs = run["component_seconds"]
+            gen = example_gen_name(secs)
+            work_seconds = secs[gen] + secs["Transform"]
+            points.append(
+                {
+                    "rows": rows,
+                    "workers": workers,
+                    "example_gen_seconds": secs[gen],
+                    "transform_seconds": secs["Transform"],
+                    "rows_per_second": rows / work_seconds if work_seconds else None,
+                    "prefix_wall_seconds": run["wall_seconds"],
+                    "component_seconds": secs,
+                }
+            )
+    by = {(p["rows"], p["workers"]): p for p in points}
+    two_vs_one = {
+        str(rows): by[(rows, 2)]["rows_per_second"] / by[(rows, 1)]["rows_per_second"]
+        for rows in sizes.beam_rows
+        if (rows, 1) in by and (rows, 2) in by
+    }
+    return {"points": points, "two_vs_one_workers": two_vs_one}
+
+
+def bench_serving(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> dict[str, Any]:
+    """`serving/bench.py: run_serving_benchmark` on the model the pipeline benchmark pushed."""
+    try:
+        from serving.bench import run_serving_benchmark
+    except ImportError as exc:
+        return {"skipped": f"serving benchmark not available: {exc}"}
+    from fullthrottle.bench.data import raw_eval_examples
+
+    if not (pipeline and pipeline.get("blessed")):
+        return {"skipped": "no pushed model (the pipeline benchmark did not push)"}
+    out = Path(pipeline["output_dir"])
+    last = json.loads((out / "last_run.json").read_text())
+    examples = raw_eval_examples(last["pipeline_root"], label="species", limit=64)
+    return run_serving_benchmark(
+        serving_dir=last["serving_dir"],
+        examples=examples,
+        model_name=last["model_name"],
+        requests=sizes.serving_requests,
+        concurrency=sizes.serving_concurrency,
+    )
+
+
+# ------------------------------------------------------------------------------ the suite
+def _guarded(
+    name: str, fn: Callable[[], dict[str, Any]], log: Callable[[str], None]
+) -> dict[str, Any]:
+    log(f"bench: {name} ...")
+    started = time.perf_counter()
+    try:
+        result = fn()
+    except Exception as exc:  # noqa: BLE001 - recorded in the results and the table, never hidden
+        result = {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc()[-4000:]}
+        log(f"bench: {name} FAILED: {result['error']}")
+    result["bench_seconds"] = time.perf_counter() - started
+    log(f"bench: {name} done in {result['bench_seconds']:.0f} s")
+    return result
+
+
+def run_suite(
+    *,
+    sizes: Sizes,
+    mode: str,
+    work_dir: Path | None = None,
+    only: Sequence[str] = BENCHMARKS,
+    log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+) -> dict[str, Any]:
+    """Runs the selected benchmarks and returns the results document (not written)."""
+    work = Path(work_dir or tempfile.mkdtemp(prefix="fullthrottle-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    results: dict[str, Any] = {}
+    pipeline = None
+    if "pipeline" in only:
+        results["pipeline"] = pipeline = _guarded(
+            "pipeline", lambda: bench_pipeline(work, sizes), log
+        )
+        if "error" in pipeline:
+            pipeline = None
+    if "trainer" in only:
+        results["trainer"] = _guarded("trainer", lambda: bench_trainer(work, sizes, pipeline), log)
+    if "tracking" in only:
+        results["tracking"] = _guarded(
+            "tracking", lambda: bench_tracking(work, sizes, pipeline), log
+        )
+    if "beam" in only:
+        results["beam"] = _guarded("beam", lambda: bench_beam(work, sizes), log)
+    if "serving" in only:
+        results["serving"] = _guarded("serving", lambda: bench_serving(work, sizes, pipeline), log)
+    document = {
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "mode": mode,
+        "command": "fullthrottle bench" + (" --quick" if mode == "quick" else ""),
+        "git_commit": _git_commit(),
+        "machine": machine(),
+        "sizes": dataclasses.asdict(sizes),
+        "suite_seconds": time.perf_counter() - started,
+        "work_dir": str(work),
+        "results": results,
+    }
+    document["targets"] = targets(results)
+    return document
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def _get(results: dict[str, Any], *path: str) -> Any:
+    node: Any = results
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    measured = {
+        "transformer_vs_tfx_example": _get(
+            results, "trainer", "transformer", "vs_tfx_example", "ratio"
+        ),
+        "transformer_mfu": _get(results, "trainer", "transformer", "mfu", "ours"),
+        "transformer_input_efficiency": _get(
+            results, "trainer", "transformer", "input_efficiency", "ratio"
+        ),
+        "tabular_input_efficiency": _get(
+            results, "trainer", "tabular", "input_efficiency", "ratio"
+        ),
+        "tracking_on_vs_off": _get(results, "tracking", "ratio"),
+    }
+    return [
+        {
+            "name": name,
+            "target": target,
+            "measured": measured[name],
+            "met": None if measured[name] is None else measured[name] >= target,
+        }
+        for name, target in TARGETS.items()
+    ]
+
+
+# ------------------------------------------------------------------------------ the table
+def _fmt_ratio(entry: dict[str, Any] | None) -> str:
+    if not entry or "ratio" not in entry:
+        return "n/a"
+    return f"{entry['ratio']:.2f}x [{entry['paired_min']:.2f}-{entry['paired_max']:.2f}]"
+
+
+def _fmt_rate(entry: dict[str, Any] | None) -> str:
+    if not entry:
+        return "n/a"
+    spread = entry.get("spread")
+    return f"{entry['median']:,.0f}" + (f" (±{spread / 2:.0%})" if spread is not None else "")
+
+
+def markdown_table(document: dict[str, Any]) -> str:
+    """The results as Markdown: one row per comparison, ratios first (absolutes are noisy)."""
+    r = document["results"]
+    target_of = {t["name"]: t for t in document["targets"]}
+
+    def verdict(name: str) -> str:
+        t = target_of.get(name)
+        if not t or t["met"] is None:
+            return ""
+        return f">= {t['target']:g}: {'met' if t['met'] else 'NOT met'}"
+
+    rows = [
+        "| benchmark | contenders (median examples/s, ±half spread) | ratio [paired min-max] | target |",
+        "|---|---|---|---|",
+    ]
+    for model in ("transformer", "tabular"):
+        m = _get(r, "trainer", model)
+        if not m or "vs_tfx_example" not in m:
+            continue
+        v, e, rd = m["vs_tfx_example"], m["input_efficiency"], m.get("reader_vs_tfx_bsl")
+        rows.append(
+            f"| {model}: ours vs TFX-example `model.fit` ({m['precision_policy']} vs float32) | "
+            f"{_fmt_rate(v['ours'])} vs {_fmt_rate(v['tfx_example'])} | {_fmt_ratio(v)} | "
+            f"{verdict(f'{model}_vs_tfx_example')} |"
+        )
+        rows.append(
+            f"| {model}: input efficiency (TFRecord / in-memory batches) | "
+            f"{_fmt_rate(e['ours'])} vs {_fmt_rate(e['ours_in_memory'])} | {_fmt_ratio(e)} | "
+            f"{verdict(f'{model}_input_efficiency')} |"
+        )
+        mfu = m["mfu"]
+        ceiling = m["matmul_ceiling"][mfu["ours_ceiling_dtype"]]["flops_per_second"]
+        rows.append(
+            f"| {model}: MFU ({m['flops_per_example']['training']:,.0f} FLOP/example; "
+            f"{mfu['ours_ceiling_dtype']} matmul ceiling {ceiling / 1e9:.0f} GFLOP/s) | "
+            f"ours {mfu['ours']:.1%}, TFX example {mfu['tfx_example']:.1%} (float32 ceiling) | | "
+            f"{verdict(f'{model}_mfu')} |"
+        )
+        if rd:
+            rows.append(
+                f"| {model}: reader alone, ours vs `tf_dataset_factory` | {_fmt_rate(rd['ours'])} vs "
+                f"{_fmt_rate(rd['tfx_bsl'])} | {_fmt_ratio(rd)} | headroom over training "
+                f"{rd['headroom_vs_training']:.2f}x |"
+            )
+        adv = m.get("advisor")
+        if adv:
+            knobs = ", ".join(a["field"].split(".", 1)[1] for a in adv["advice"]) or "none"
+            rows.append(
+                f"| {model}: advisor | input wait {adv['input_wait_fraction']:.1%} of "
+                f"{adv['step_time_ms']:.2f} ms/step | {adv['classification']} | knobs: {knobs} |"
+            )
+    t = r.get("tracking")
+    if t and "ratio" in t:
+        rows.append(
+            f"| tracking: MLflow on vs off (real `train()`, tabular, {t['train_steps']} steps) | "
+            f"{_fmt_rate(t['on'])} vs {_fmt_rate(t['off'])} | {_fmt_ratio(t)} | {verdict('tracking_on_vs_off')} |"
+        )
+    b = r.get("beam")
+    if b and "points" in b:
+        for p in b["points"]:
+            rows.append(
+                f"| Beam: ExampleGen + Transform, {p['rows']:,} rows, {p['workers']} worker(s) | "
+                f"{p['rows_per_second']:,.0f} rows/s (ExampleGen {p['example_gen_seconds']:.1f} s, "
+                f"Transform {p['transform_seconds']:.1f} s) | | |"
+            )
+        for rows_n, value in b["two_vs_one_workers"].items():
+            rows.append(f"| Beam: 2 vs 1 workers, {int(rows_n):,} rows | | {value:.2f}x | |")
+    p = r.get("pipeline")
+    if p and "component_seconds" in p:
+        parts = ", ".join(f"{k} {v:.1f} s" for k, v in p["component_seconds"].items())
+        rows.append(
+            f"| pipeline: `fullthrottle run` on bundled penguins | wall {p['wall_seconds']:.0f} s: {parts} | | |"
+        )
+    s = r.get("serving")
+    if s and "server" in s:
+        rows.append(
+            f"| serving: REST (`fullthrottle serve`) vs in-process SavedModel | "
+            f"{s['server']['requests_per_second']:,.0f} vs {s['in_process']['requests_per_second']:,.0f} req/s "
+            f"(p50 {s['server']['p50_ms']:.1f} ms vs {s['in_process']['p50_ms']:.1f} ms) | "
+            f"{s['server_vs_in_process']:.2f}x | |"
+        )
+    for name, part in r.items():
+        if isinstance(part, dict) and "error" in part:
+            rows.append(f"| {name}: FAILED | {part['error'][:200]} | | |")
+        elif isinstance(part, dict) and "skipped" in part:
+            rows.append(f"| {name}: skipped | {part['skipped']} | | |")
+    m = document["machine"]
+    header = (
+        f"fullthrottle bench ({document['mode']}), {document['date']}, commit {document['git_commit']}\n"
+        f"machine: {m['cpu']}, {m['cpu_count']} cores, bf16 {m['cpu_bf16']}, GPUs {m['gpus'] or 'none'}, "
+        f"TensorFlow {m['tensorflow']}; suite {document['suite_seconds']:.0f} s\n"
+    )
+    return header + "\n" + "\n".join(rows) + "\n"
+
+
+def write_results(document: dict[str, Any], results_dir: Path) -> tuple[Path, Path]:
+    """``<results_dir>/<timestamp>.json`` and ``.md``; never overwrites an existing result."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stamp = document["date"].replace(":", "").replace("+0000", "Z")
+    stem = stamp
+    n = 1
+    while (results_dir / f"{stem}.json").exists():
+        n += 1
+        stem = f"{stamp}-{n}"
+    json_path, md_path = results_dir / f"{stem}.json", results_dir / f"{stem}.md"
+    json_path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
+    md_path.write_text(markdown_table(document), encoding="utf-8")
+    return json_path, md_path

@@ -1,0 +1,358 @@
+"""Trainer benchmarks: our loop vs the TFX-example trainer, input efficiency, reader vs tfx_bsl,
+model FLOPs utilization, tracking overhead.
+
+Contenders are built once and then measured in windows (``measure(steps)`` returns examples/s),
+so a comparison alternates windows of the contenders in one process (see ``measure.py``).
+
+- :class:`OurLoop` is the training library's compiled N-step loop (``TrainLoop``) set up exactly
+  as ``train()`` sets it up (strategy, precision policy from config, model, optimizer, scaled
+  learning rate, ``make_dataset`` per input pipeline); a window is whole loops of
+  ``steps_per_loop`` steps with the host sync after each, like the controller. Checkpoints and
+  summaries are left out here; the tracking benchmark runs the real ``train()`` and reports its
+  rate too. ``source="memory"`` replaces the TFRecord pipeline by the same first batches, parsed,
+  cached in memory and repeated (the denominator of input efficiency).
+- :class:`KerasFitBaseline` is the way TFX's penguin example trains (``penguin_utils_keras``):
+  ``model.fit`` over ``data_accessor.tf_dataset_factory(files, TensorFlowDatasetOptions(
+  batch_size, label_key), schema).repeat()``, Adam, ``SparseCategoricalCrossentropy`` and a
+  ``SparseCategoricalAccuracy`` metric, float32, default settings, on the same model
+  (``build_model``) and the same transformed files.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf
+
+from fullthrottle.bench.data import TrainingData
+from trainer_module.training import TrainingConfig
+
+
+def tfx_dataset_factory(data: TrainingData) -> Callable[..., tf.data.Dataset]:
+    """``fn_args.data_accessor.tf_dataset_factory`` as TFX's Trainer builds it for these files."""
+    from tfx.components.util import examples_utils, tfxio_utils
+    from tfx.types import standard_artifacts
+
+    examples = standard_artifacts.Examples()
+    examples.uri = data.examples_uri
+    examples.split_names = '["train", "eval"]'
+    examples_utils.set_payload_format(examples, examples_utils.get_payload_format(examples))
+    return tfxio_utils.get_tf_dataset_factory_from_artifact([examples], ["fullthrottle", "bench"])
+
+
+def tfx_example_dataset(data: TrainingData, batch_size: int) -> tf.data.Dataset:
+    """The penguin example's ``_input_fn``: defaults but batch size and label key, repeated."""
+    from tfx_bsl.public import tfxio
+
+    factory = tfx_dataset_factory(data)
+    options = tfxio.TensorFlowDatasetOptions(
+        batch_size=batch_size, label_key=data.model_inputs.label
+    )
+    return factory(list(data.train_files), options, data.schema).repeat()
+
+
+class OurLoop:
+    """The training library's loop on ``data``; ``measure(steps)`` -> examples/s.
+
+    ``dataset_transform`` (tests, e.g. an artificially slow map) is applied to each input
+    pipeline's dataset after ``make_dataset``.
+    """
+
+    def __init__(
+        self,
+        data: TrainingData,
+        config: TrainingConfig,
+        *,
+        source: str = "tfrecord",
+        memory_batches: int = 16,
+        dataset_transform: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
+    ):
+        import keras
+
+        from trainer_module.training import (
+            build_model,
+            create_optimizer,
+            create_strategy,
+            make_dataset,
+            resolve_batch_sizes,
+            resolve_precision_policy,
+            scaled_learning_rate,
+        )
+        from trainer_module.training.loop import TrainLoop
+
+        if source not in ("tfrecord", "memory"):
+            raise ValueError(f"source must be 'tfrecord' or 'memory', got {source!r}")
+        self.config = config
+        self.strategy = create_strategy(config)
+        keras.utils.set_random_seed(config.seed)
+        self.policy, _ = resolve_precision_policy(config)
+        self.batch = resolve_batch_sizes(config, self.strategy.num_replicas_in_sync)
+        with self.strategy.scope():
+            self.model = build_model(data.model_inputs, config, self.policy)
+            optimizer = create_optimizer(
+                config, scaled_learning_rate(config, self.batch.global_batch), self.policy
+            )
+            optimizer.build(self.model.trainable_variables)
+        self.loop = TrainLoop(self.strategy, self.model, optimizer, config, self.batch)
+
+        def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+            ds = make_dataset(
+                data.train_files,
+                data.feature_spec,
+                data.model_inputs,
+                config,
+                batch_size=self.batch.per_replica_step,
+                training=True,
+                compression=data.compression,
+                input_context=ctx,
+            )
+            if source == "memory":
+                # The same parsed batches, held in memory: what the loop does with no input cost.
+                ds = ds.take(memory_batches).cache().repeat().prefetch(tf.data.AUTOTUNE)
+            if dataset_transform is not None:
+                ds = dataset_transform(ds)
+            return ds
+
+        self.iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
+        self.records: list[dict[str, Any]] = []
+
+    def run_loop(self, steps: int) -> dict[str, Any]:
+        """One compiled loop of ``steps`` steps; the controller's loop record."""
+        start = time.perf_counter()
+        ran = int(self.loop.train_loop(self.iterator, tf.constant(steps, tf.int64)))  # host sync
+        wall = time.perf_counter() - start
+        record = {
+            "steps": ran,
+            "wall_time": wall,
+            "input_wait_time": float(self.loop.input_wait.numpy()),
+            "loss": float(self.loop.loss_sum.numpy()) / max(ran, 1),
+        }
+        self.records.append(record)
+        return record
+
+    def measure(self, steps: int) -> float:
+        """examples/s over ``steps`` steps run as loops of ``steps_per_loop`` (host time between
+        loops included, as in the controller)."""
+        per_loop = self.config.steps_per_loop
+        start = time.perf_counter()
+        done = 0
+        while done < steps:
+            done += self.run_loop(min(per_loop, steps - done))["steps"]
+        return done * self.batch.global_batch / (time.perf_counter() - start)
+
+
+class _WindowTimer:
+    """Keras callback: time from the end of batch ``skip - 1`` to the end of the last batch, so
+    each ``fit`` call's iterator start-up is not charged to the baseline."""
+
+    def __init__(self, skip: int):
+        import keras
+
+        timer = self
+
+        class Callback(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                if batch == skip - 1:
+                    timer.start = time.perf_counter()
+                timer.end = time.perf_counter()
+                timer.batches = batch + 1
+
+        self.callback = Callback()
+        self.start = self.end = 0.0
+        self.batches = 0
+
+
+class KerasFitBaseline:
+    """TFX's penguin-example trainer on the same model and files; ``measure(steps)`` -> examples/s."""
+
+    SKIP = 2  # batches per fit call not timed (iterator start-up)
+
+    def __init__(self, data: TrainingData, config: TrainingConfig):
+        import keras
+
+        from trainer_module.training import build_model
+
+        keras.utils.set_random_seed(config.seed)
+        self.batch_size = config.per_replica_batch_size
+        self.model = build_model(data.model_inputs, config, "float32")
+        self.model.compile(
+            optimizer=keras.optimizers.Adam(config.learning_rate),
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+            metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        )
+        self.dataset = tfx_example_dataset(data, self.batch_size)
+
+    def measure(self, steps: int) -> float:
+        timer = _WindowTimer(self.SKIP)
+        self.model.fit(
+            self.dataset,
+            epochs=1,
+            steps_per_epoch=steps + self.SKIP,
+            verbose=0,
+            callbacks=[timer.callback],
+        )
+        return (timer.batches - self.SKIP) * self.batch_size / (timer.end - timer.start)
+
+
+def reader_rates(
+    data: TrainingData, config: TrainingConfig, *, batches: int, repeats: int
+) -> dict[str, list[float]]:
+    """Examples/s of the input pipelines alone (no model): our ``make_dataset`` vs TFX's
+    ``tf_dataset_factory``, same files and batch size, alternated. Each contender keeps one
+    iterator (a training run's steady state), warmed up before timing."""
+    from fullthrottle.bench.measure import alternate
+    from trainer_module.training import make_dataset
+
+    batch_size = config.per_replica_batch_size
+    ours = make_dataset(
+        data.train_files,
+        data.feature_spec,
+        data.model_inputs,
+        config,
+        batch_size=batch_size,
+        training=True,
+        compression=data.compression,
+    )
+    iterators = {"ours": iter(ours), "tfx_bsl": iter(tfx_example_dataset(data, batch_size))}
+
+    def rate(name: str) -> Callable[[], float]:
+        def run() -> float:
+            iterator = iterators[name]
+            start = time.perf_counter()
+            for _ in range(batches):
+                features, _labels = next(iterator)
+            # Batches are produced on tf.data threads; touching one value ends the window.
+            next(iter(features.values())).numpy()
+            return batches * batch_size / (time.perf_counter() - start)
+
+        return run
+
+    for name in iterators:  # warm-up: threads, autotune, file handles
+        rate(name)()
+    return alternate({name: rate(name) for name in iterators}, repeats=repeats)
+
+
+# ---------------------------------------------------------------------------------- FLOPs
+def training_flops_per_example(data: TrainingData, config: TrainingConfig) -> dict[str, float]:
+    """Analytic matmul FLOPs per training example (2 FLOPs per multiply-add).
+
+    Counted: every dense matmul of the model as built by ``build_model``.
+      Transformer, per text column of sequence S, width d, FFN f, per layer:
+        Q, K, V and output projections 4 x 2·S·d²; scores Q·Kᵀ 2·S²·d; weights·V 2·S²·d;
+        FFN 2·S·d·f + 2·S·f·d  =>  8·S·d² + 4·S²·d + 4·S·d·f.
+      MLP: 2·w_in·w_out per Dense (hidden layers and the softmax head), w_in of the first layer
+        = numeric features + embedding_dim per categorical feature + d per text column.
+    Not counted (the usual MFU convention): embedding gathers, layer norm, softmax, GELU,
+    dropout, the optimizer update. Training = 3 x forward (the backward pass computes two
+    matmuls per forward matmul: gradients w.r.t. inputs and weights).
+    """
+    inputs = data.model_inputs
+    kind = config.resolved_model(inputs)
+    forward = 0.0
+    width = len(inputs.numeric) + config.embedding_dim * len(inputs.categorical)
+    if kind == "transformer":
+        d, f = config.transformer_d_model, config.transformer_ffn_dim
+        for _, seq_len in inputs.text.values():
+            s = seq_len
+            forward += config.transformer_layers * (8 * s * d * d + 4 * s * s * d + 4 * s * d * f)
+            width += d
+    for units in config.hidden_units:
+        forward += 2 * width * units
+        width = units
+    forward += 2 * width * inputs.num_classes
+    return {"forward": forward, "training": 3 * forward}
+
+
+def matmul_ceiling(
+    dtype: str, *, size: int = 2048, iterations: int = 10, repeats: int = 5
+) -> dict[str, Any]:
+    """Measured dense-matmul FLOP/s of this machine in ``dtype`` (``size`` x ``size`` square
+    matmuls chained inside one ``tf.function``, so no Python between them)."""
+    tf_dtype = (
+        tf.bfloat16 if "bfloat16" in dtype else tf.float16 if "float16" in dtype else tf.float32
+    )
+    a = tf.random.normal((size, size), dtype=tf.float32)
+    a = tf.cast(a / size**0.5, tf_dtype)
+
+    @tf.function
+    def chain(x):
+        for _ in tf.range(iterations):
+            x = tf.matmul(x, a)
+        return x
+
+    chain(a).numpy()  # trace + warm
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        chain(a).numpy()
+        rates.append(2 * size**3 * iterations / (time.perf_counter() - start))
+    return {
+        "dtype": tf_dtype.name,
+        "size": size,
+        "flops_per_second": statistics.median(rates),
+        "samples": rates,
+    }
+
+
+def compute_dtype(policy: str) -> str:
+    return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(policy, "float32")
+
+
+# ---------------------------------------------------------------------------------- tracking
+class _LoopTimer:
+    """A training hook, listed first: time between the ends of loop 1 and the last loop, which
+    covers every later loop plus the controller's work after each (the other hooks, the
+    MLflow hook included, and checkpoints)."""
+
+    def __init__(self):
+        from trainer_module.training import TrainingHook
+
+        timer = self
+        self.ends: list[tuple[int, float]] = []
+
+        class Hook(TrainingHook):
+            def on_loop_end(self, step, metrics):
+                timer.ends.append((step, time.perf_counter()))
+
+        self.hook = Hook()
+
+    def examples_per_second(self, global_batch: int) -> float:
+        (first_step, first), (last_step, last) = self.ends[0], self.ends[-1]
+        return (last_step - first_step) * global_batch / (last - first)
+
+
+def tracking_rates(
+    data: TrainingData, config: TrainingConfig, *, tracking_uri: str, repeats: int
+) -> dict[str, Any]:
+    """Examples/s of the real ``train()`` with the MLflow training hook on vs off, alternated
+    (``fullthrottle.tracking.bench.train_tracked``: a fresh work dir and parent run each time)."""
+    from fullthrottle.bench.measure import alternate
+    from fullthrottle.tracking.bench import train_tracked
+
+    base = {
+        "config": config,
+        "model_inputs": data.model_inputs,
+        "feature_spec": data.feature_spec,
+        "train_files": data.train_files,
+        "eval_files": (),
+        "compression": data.compression,
+    }
+    reported: dict[str, list[float]] = {"off": [], "on": []}
+
+    def contender(name: str) -> Callable[[], float]:
+        def run() -> float:
+            timer = _LoopTimer()
+            _, result = train_tracked(
+                {**base, "hooks": [timer.hook]}, tracking_uri=tracking_uri if name == "on" else None
+            )
+            reported[name].append(result.examples_per_second)
+            return timer.examples_per_second(result.global_batch_size)
+
+        return run
+
+    contender("off")()  # warm-up: imports, first tracing
+    samples = alternate({"off": contender("off"), "on": contender("on")}, repeats=repeats)
+    return {"samples": samples, "train_reported_examples_per_second": reported}

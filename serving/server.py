@@ -164,7 +164,18 @@ def predict(
         chosen = loaded[version]
     request = decode_predict_request(body, signatures=chosen.input_specs)
     function = chosen.signatures[request.signature]
-    outputs = function(**{name: tf.constant(array) for name, array in request.inputs.items()})
+    try:
+        outputs = function(**{name: tf.constant(array) for name, array in request.inputs.items()})
+    except tf.errors.InvalidArgumentError as exc:
+        # e.g. a serialized tf.Example whose feature types differ from the model's raw schema.
+        first = str(exc).strip().splitlines()
+        detail = next(
+            (line for line in first if "Key:" in line or "Feature:" in line),
+            first[0] if first else "",
+        )
+        raise RequestError(
+            f"the model refused the input of signature {request.signature!r}: {detail.strip()}"
+        ) from None
     return encode_predict_response(outputs, row_format=request.row_format), chosen.version
 
 

@@ -211,12 +211,13 @@ def test_pipeline_run_is_tracked_with_params_metrics_artifacts_and_registered_mo
     assert client.get_model_version_by_alias("penguins", "champion").version == version.version
 
 
-def test_logged_model_answers_like_the_pushed_model(server, output_dir, run_a):
+def test_logged_model_answers_like_the_pushed_model(server, output_dir, run_a, monkeypatch):
     import mlflow.pyfunc
     import numpy as np
     import pandas as pd
     import tensorflow as tf
 
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)  # mlflow-artifacts: URIs resolve through it
     client = MlflowClient(server.uri)
     (parent,) = _parent_runs(client)
     model = mlflow.pyfunc.load_model(f"{parent.info.artifact_uri}/model")

@@ -74,7 +74,10 @@ def test_component_states_are_read_back_from_the_run_store(own_data):
     mlmd = next((own_data.output_dir / "metadata").glob("*.sqlite"))
     states = read_component_states(str(mlmd), since_ms=0)
     assert states is not None
-    assert {s.component: s.state for s in states} == dict.fromkeys(COMPONENTS, "complete")
+    found = {s.component: s.state for s in states}
+    # Every component of the run completed; the pipeline may hold more than the core ones.
+    assert set(COMPONENTS) <= set(found), found
+    assert set(found.values()) == {"complete"}, found
     assert all(s.seconds >= 0 for s in states)
     # A run that started after the newest one recorded is not there yet.
     assert read_component_states(str(mlmd), since_ms=2**62) is None

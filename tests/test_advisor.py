@@ -1,0 +1,173 @@
+"""The step-time advisor: real loops that wait on input or on compute, and device rules.
+
+The input-bound run has an artificially slow map (a 30 ms sleep per batch) after the real
+TFRecord pipeline; the compute-bound one trains a wide MLP on batches held in memory. Both run
+the training library's compiled loop and measure input wait exactly as a training run does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import tensorflow as tf
+
+from fullthrottle.bench.data import write_synthetic_training_data
+from fullthrottle.bench.trainer import OurLoop
+from trainer_module.training import TrainingConfig
+from trainer_module.training.advisor import (
+    HIGHLY_INPUT_BOUND,
+    NOT_INPUT_BOUND,
+    DeviceFacts,
+    StepTimeMeasurements,
+    advise,
+    format_advice,
+    measurements_from_history,
+)
+
+CPU_NO_BF16 = DeviceFacts(cpu_flags=frozenset({"avx2", "fma"}), cpu_count=2)
+CPU_BF16 = DeviceFacts(cpu_flags=frozenset({"avx512f", "avx512_bf16"}), cpu_count=2)
+GPU_V100 = DeviceFacts(cpu_count=8, gpu_compute_capabilities=((7, 0),))
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_synthetic_training_data(tmp_path_factory.mktemp("advisor"), rows=512, numeric=8)
+
+
+def _fields(report):
+    return [item["field"].removeprefix("training.") for item in report["advice"]]
+
+
+def _run(loop: OurLoop, loops: int, steps: int):
+    for _ in range(loops):
+        loop.run_loop(steps)
+    return measurements_from_history(
+        loop.records, global_batch_size=loop.batch.global_batch, precision_policy=loop.policy
+    )
+
+
+def test_slow_input_map_is_highly_input_bound_and_advice_names_input_knobs(data):
+    config = TrainingConfig(
+        model="tabular",
+        precision="float32",
+        per_replica_batch_size=32,
+        steps_per_loop=5,
+        num_parallel_calls=1,
+        prefetch_buffer_size=1,
+        deterministic_input=True,
+    )
+
+    def slow(features, label):
+        # The producer sleeps 30 ms per batch; a step of this MLP takes well under 1 ms.
+        delay = tf.py_function(lambda: time.sleep(0.03) or 0.0, [], tf.float64)
+        with tf.control_dependencies([delay]):
+            return {k: tf.identity(v) for k, v in features.items()}, tf.identity(label)
+
+    loop = OurLoop(data, config, dataset_transform=lambda ds: ds.map(slow))
+    measured = _run(loop, loops=3, steps=5)
+    report = advise(measured, config, CPU_BF16)
+    assert report["classification"] == HIGHLY_INPUT_BOUND, report
+    assert report["input_wait_fraction"] >= 0.2
+    fields = _fields(report)
+    for knob in (
+        "num_parallel_calls",
+        "cache",
+        "prefetch_buffer_size",
+        "deterministic_input",
+        "per_replica_batch_size",
+    ):
+        assert knob in fields, fields
+    # Input-bound: compute knobs are not what to change first, so they are not offered.
+    assert "precision" not in fields and "jit_compile" not in fields
+    assert any("highly input-bound" in line for line in format_advice(report))
+
+
+def test_in_memory_wide_model_is_not_input_bound_and_advice_names_compute_knobs(data):
+    config = TrainingConfig(
+        model="tabular",
+        precision="float32",
+        per_replica_batch_size=1024,
+        hidden_units=(1024, 1024),
+        steps_per_loop=4,
+        dropout_rate=0.0,
+    )
+    # Steps of tens of ms: on a shared CPU, getting the next in-memory batch still costs the
+    # scheduling latency of tf.data's thread after the step released the cores (~2 ms measured).
+    loop = OurLoop(data, config, source="memory", memory_batches=2)
+    measured = _run(loop, loops=3, steps=4)
+    report = advise(measured, config, CPU_BF16)
+    assert report["classification"] == NOT_INPUT_BOUND, report
+    fields = _fields(report)
+    assert report["advice"][0]["field"] == "training.precision"
+    assert report["advice"][0]["value"] == "mixed_bfloat16"
+    assert "jit_compile" in fields
+    assert not {
+        "cache",
+        "num_parallel_calls",
+        "prefetch_buffer_size",
+        "interleave_cycle_length",
+    } & set(fields)
+
+
+def _compute_bound(step_ms: float = 20.0, policy: str = "float32") -> StepTimeMeasurements:
+    return StepTimeMeasurements(
+        step_seconds=step_ms / 1e3,
+        input_wait_seconds=0.0,
+        steps=100,
+        loops=2,
+        global_batch_size=64,
+        precision_policy=policy,
+    )
+
+
+def test_no_precision_advice_the_device_cannot_use():
+    config = TrainingConfig(precision="float32")
+    # A CPU without AVX512_BF16/AMX: no bf16 (emulated bf16 is slower than float32), never float16.
+    report = advise(_compute_bound(), config, CPU_NO_BF16)
+    values = [(i["field"], i["value"]) for i in report["advice"]]
+    assert ("training.precision", "mixed_bfloat16") not in values
+    assert all(v != "mixed_float16" for _, v in values)
+    # A GPU with tensor cores: float16 with loss scaling.
+    report = advise(_compute_bound(), config, GPU_V100)
+    assert ("training.precision", "mixed_float16") in [
+        (i["field"], i["value"]) for i in report["advice"]
+    ]
+    # Already bf16 on a bf16 CPU: no precision change, and no XLA (measured slower with bf16 there).
+    report = advise(_compute_bound(policy="mixed_bfloat16"), TrainingConfig(), CPU_BF16)
+    assert "training.precision" not in _fields(report) and "jit_compile" not in _fields(report)
+
+
+def test_bands_and_small_steps():
+    def at(wait_fraction: float) -> str:
+        m = StepTimeMeasurements(0.01, 0.01 * wait_fraction, 100, 3, 64, "float32")
+        return advise(m, TrainingConfig(), CPU_NO_BF16)["classification"]
+
+    assert [at(0.0), at(0.049), at(0.05), at(0.199), at(0.2), at(0.9)] == [
+        "not input-bound",
+        "not input-bound",
+        "moderately input-bound",
+        "moderately input-bound",
+        "highly input-bound",
+        "highly input-bound",
+    ]
+    # 1 ms steps with 50-step loops: longer loops and bigger batches are advised.
+    report = advise(_compute_bound(step_ms=1.0), TrainingConfig(steps_per_loop=50), CPU_NO_BF16)
+    advice = {i["field"]: i["value"] for i in report["advice"]}
+    assert advice["training.steps_per_loop"] == 200
+    assert advice["training.per_replica_batch_size"] == 128
+
+
+def test_pipeline_run_saves_and_prints_the_advisor(penguins_run):
+    from tests.helpers import last_run
+
+    output_dir, completed = penguins_run
+    advisor = last_run(output_dir)["training"]["advisor"]
+    assert advisor["classification"] in (
+        "not input-bound",
+        "moderately input-bound",
+        "highly input-bound",
+    )
+    assert advisor["step_time_ms"] > 0 and advisor["steps_measured"] > 0
+    assert "step-time advisor:" in completed.stdout
+    assert advisor["classification"] in completed.stdout

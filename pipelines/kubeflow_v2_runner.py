@@ -67,6 +67,9 @@ def caching_enabled(config: Config) -> bool:
     return config.enable_cache if kf.enable_cache is None else kf.enable_cache
 
 
+IMAGE_PROJECT_ROOT = "/opt/fullthrottle"
+
+
 def check_for_kubeflow(config: Config) -> None:
     """Refuses settings that would only fail inside the cluster, naming the field."""
     tfjob = config.kubeflow.tfjob
@@ -112,6 +115,9 @@ def build_kubeflow_pipeline(config: Config) -> Any:
         metadata_connection_config=None,
         beam_pipeline_args=list(config.kubeflow.beam_args),
         trainer_factory=trainer_factory,
+        # The image installs the project here (Dockerfile: WORKDIR/COPY): shipped files such as
+        # the curated schema are read from the image's copy.
+        project_root=IMAGE_PROJECT_ROOT,
     )
 
 

@@ -43,6 +43,17 @@ def code_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
+def _runtime_path(path: str, project_root: str | None) -> str:
+    """`path` as the running pipeline sees it: files inside this project move with it."""
+    here = Path(__file__).resolve().parent.parent
+    if project_root and "://" not in path:
+        try:
+            return str(Path(project_root) / Path(path).resolve().relative_to(here))
+        except ValueError:
+            return path
+    return path
+
+
 def _plain(value: Any) -> Any:
     """custom_config must be JSON: tuples become lists."""
     if isinstance(value, (tuple, list)):
@@ -88,8 +99,13 @@ def create_pipeline(
     metadata_connection_config: Any | None = None,
     beam_pipeline_args: Sequence[str] = (),
     trainer_factory: Any | None = None,  # issue 7: e.g. the TFJob Trainer; default tfx Trainer
+    project_root: str | None = None,
 ) -> tfx.dsl.Pipeline:
     """Builds the whole pipeline from a validated config; reads nothing, runs nothing.
+
+    `project_root` is where this project's files are when the pipeline runs, when that is not
+    here (a container image's copy, for Kubeflow): paths of files it ships, such as the curated
+    schema, are rewritten under it.
 
     `trainer_factory` takes `tfx.components.Trainer`'s arguments and returns the Trainer node
     (same inputs and outputs), so a runner can swap how training executes, not the wiring.
@@ -113,7 +129,9 @@ def create_pipeline(
     schema_path = schema_path_for(spec)
     if schema_path:
         # Not ImportSchemaGen: its cache key is the path only, so an edited schema went unseen.
-        schema_gen = ImportSchema(schema_file=schema_path, schema_digest=file_digest(schema_path))
+        schema_gen = ImportSchema(
+            schema_file=_runtime_path(schema_path, project_root), schema_digest=file_digest(schema_path)
+        )
     else:
         schema_gen = tfx.components.SchemaGen(
             statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True
@@ -127,7 +145,7 @@ def create_pipeline(
         anomalies=example_validator.outputs["anomalies"],
         schema=schema_gen.outputs["schema"],
         input_files=describe_inputs(spec, input_base),
-        schema_source=schema_path or "inferred by SchemaGen from this data",
+        schema_source=_runtime_path(schema_path, project_root) if schema_path else "inferred by SchemaGen from this data",
     )
     validated_schema = data_gate.outputs["validated_schema"]
     # --- end reliability ---

@@ -217,3 +217,16 @@ def test_bad_config_overwrites_nothing(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "kubeflow.beam_args" in err and "--project" in err and "--temp_location" in err
     assert json.loads(output.read_text()) == {"kept": True}
+
+
+def test_curated_schema_is_read_from_the_image_copy_of_the_project():
+    """Bundled data imports the curated schema: the compiled spec must name the image's path."""
+    import json
+
+    from fullthrottle.config import load_config
+    from pipelines.kubeflow_v2_runner import IMAGE_PROJECT_ROOT, compile_pipeline
+
+    job = compile_pipeline(load_config())
+    text = json.dumps(job)
+    assert f"{IMAGE_PROJECT_ROOT}/fullthrottle/schemas/penguins.pbtxt" in text
+    assert "/work/main/fullthrottle/schemas" not in text

@@ -91,9 +91,14 @@ _TOKEN_FORMATS = (
 )
 
 
+# scheme://token@host (no colon): a long bare userinfo is usually a token.
+_URL_BARE_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^/:@\s]{16,})@")
+
+
 def redact_text(text: str) -> str:
     """Replaces the secrets this module can recognise inside a free-form string."""
     text = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:{REDACTED}@", text)
+    text = _URL_BARE_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
     text = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     text = _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
     text = _ASSIGNMENT.sub(
@@ -118,6 +123,16 @@ def redact(value: Any) -> Any:
     if isinstance(value, str):
         return redact_text(value)
     return value
+
+
+def redact_value(key: str, value: Any) -> Any:
+    """The value to record under the (possibly dotted) field name `key`: all of it when the
+    name says it is a secret, else whatever `redact` finds inside it."""
+    if value is None:
+        return None
+    if is_secret_key(str(key).rsplit(".", 1)[-1]) and value != "":
+        return REDACTED
+    return redact(value)
 
 
 class RedactingFilter(logging.Filter):

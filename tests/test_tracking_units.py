@@ -9,17 +9,17 @@ from fullthrottle.config import load_config
 from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.hook import Journal
 from fullthrottle.tracking.pipeline_run import config_params, run_key
-from fullthrottle.tracking.redact import redact_text
+from fullthrottle.redact import REDACTED, redact_text
 from tests.tracking_server import free_port
 
 
 def test_secrets_are_masked_in_uris_and_secret_fields_but_ordinary_fields_survive():
     assert (
         redact_text("https://bob:hunter2@mlflow.example:443/x")
-        == "https://bob:***@mlflow.example:443/x"
+        == f"https://bob:{REDACTED}@mlflow.example:443/x"
     )
     assert (
-        redact_text("http://h/x?access_token=abc123&page=2") == "http://h/x?access_token=***&page=2"
+        redact_text("http://h/x?access_token=abc123&page=2") == f"http://h/x?access_token={REDACTED}&page=2"
     )
     config = load_config(
         overrides=[
@@ -30,7 +30,7 @@ def test_secrets_are_masked_in_uris_and_secret_fields_but_ordinary_fields_surviv
     params = config_params(config)
     assert (
         "s3cret" not in str(params)
-        and params["tracking.uri"] == "https://alice:***@tracking.example"
+        and params["tracking.uri"] == f"https://alice:{REDACTED}@tracking.example"
     )
     assert "xyz" not in params["beam.extra_args"]
     assert params["training.per_replica_batch_size"] == "64"

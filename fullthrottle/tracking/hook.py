@@ -30,7 +30,7 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 
 from fullthrottle.tracking.channel import Channel, MetricSender
-from fullthrottle.tracking.redact import redact_value
+from fullthrottle.redact import redact_value
 from fullthrottle.tracking.store import TrainerLink
 from trainer_module.training import TrainingHook
 

@@ -34,7 +34,7 @@ from mlflow.entities import Metric, Param, RunTag
 from fullthrottle.config import Config
 from fullthrottle.tracking.channel import Channel
 from fullthrottle.tracking.hook import COMPONENT_TAG
-from fullthrottle.tracking.redact import redact_mapping, redact_text, redact_value
+from fullthrottle.redact import redact, redact_text, redact_value
 from fullthrottle.tracking.store import (
     TRAINER_ENV,
     Destination,
@@ -74,7 +74,7 @@ def flatten(data: Any, prefix: str = "") -> dict[str, str]:
 
 
 def config_params(config: Config) -> dict[str, str]:
-    return flatten(redact_mapping(dataclasses.asdict(config)))
+    return flatten(redact(dataclasses.asdict(config)))
 
 
 def _file_digest(path: Path) -> str:
@@ -479,7 +479,7 @@ class PipelineTracker:
             "log last_run.json",
             client.log_dict,
             self.run_id,
-            redact_mapping(public),
+            redact(public),
             "last_run.json",
         )
 

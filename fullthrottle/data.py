@@ -42,7 +42,9 @@ def bundled_path(name: str) -> Path:
         from fullthrottle import datasets
 
         return datasets.text_topics_path()
-    raise DataError(f"unknown bundled dataset {name!r}; bundled ones are {BUNDLED_PENGUINS!r} and {BUNDLED_TEXT!r}")
+    raise DataError(
+        f"unknown bundled dataset {name!r}; bundled ones are {BUNDLED_PENGUINS!r} and {BUNDLED_TEXT!r}"
+    )
 
 
 def source_files(spec: DataSpec) -> list[Path]:
@@ -79,10 +81,14 @@ def _read_csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
     try:
         header = next(reader)
     except StopIteration:
-        raise DataError(f"{path} is empty: a CSV needs a header line and at least one row of data") from None
+        raise DataError(
+            f"{path} is empty: a CSV needs a header line and at least one row of data"
+        ) from None
     # --- reliability (issue 8): a malformed row is the user's to fix, not a stack trace ---
     except csv.Error as exc:
-        raise DataError(f"{path}, line {reader.line_num}: cannot read the header as CSV ({exc})") from None
+        raise DataError(
+            f"{path}, line {reader.line_num}: cannot read the header as CSV ({exc})"
+        ) from None
     header = [h.strip() for h in header]
     try:
         rows = [row for row in reader if row and any(cell.strip() for cell in row)]
@@ -108,7 +114,13 @@ def _check_columns(spec: DataSpec, header: list[str], where: str) -> None:
     if missing:
         fields = []
         for name in missing:
-            kind = "numeric" if name in spec.numeric else "categorical" if name in spec.categorical else "text"
+            kind = (
+                "numeric"
+                if name in spec.numeric
+                else "categorical"
+                if name in spec.categorical
+                else "text"
+            )
             fields.append(f"{name!r} (in `data.{kind}`)")
         raise DataError(
             f"{where} has no column {', '.join(fields)}; its columns are: {', '.join(header)}. "
@@ -131,14 +143,18 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
         if header0 is None:
             header0 = header
         elif header != header0:
-            raise DataError(f"{path} has a different header from {files[0]}; all CSV files must share one header")
+            raise DataError(
+                f"{path} has a different header from {files[0]}; all CSV files must share one header"
+            )
         for line_no, row in enumerate(rows, start=2):
             if len(row) != len(header):
                 raise DataError(
                     f"{path}, line {line_no}: {len(row)} fields where the header has {len(header)}; fix the row"
                 )
             if row == header:
-                raise DataError(f"{path}, line {line_no}: the header line appears again inside the data; remove it")
+                raise DataError(
+                    f"{path}, line {line_no}: the header line appears again inside the data; remove it"
+                )
             all_rows.append(["" if cell in na else cell for cell in row])
         _check_numeric_cells(spec, header, all_rows[len(all_rows) - len(rows) :], path)  # issue 8
     assert header0 is not None
@@ -152,7 +168,10 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
     content = buffer.getvalue().encode("utf-8")
     staged_dir.mkdir(parents=True, exist_ok=True)
     target = staged_dir / STAGED_CSV
-    if not target.exists() or hashlib.sha256(target.read_bytes()).digest() != hashlib.sha256(content).digest():
+    if (
+        not target.exists()
+        or hashlib.sha256(target.read_bytes()).digest() != hashlib.sha256(content).digest()
+    ):
         tmp = target.with_suffix(".tmp")
         tmp.write_bytes(content)
         os.replace(tmp, target)
@@ -163,7 +182,9 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
 
 
 # --- reliability (issue 8): value checks that would otherwise fail deep inside Transform ---
-def _check_numeric_cells(spec: DataSpec, header: list[str], rows: list[list[str]], path: Path) -> None:
+def _check_numeric_cells(
+    spec: DataSpec, header: list[str], rows: list[list[str]], path: Path
+) -> None:
     """A word in a numeric column makes ExampleGen type the column as text and Transform fail."""
     for column in spec.numeric:
         index = header.index(column)
@@ -181,7 +202,9 @@ def _check_numeric_cells(spec: DataSpec, header: list[str], rows: list[list[str]
                 ) from None
 
 
-def _check_label_classes(spec: DataSpec, header: list[str], rows: list[list[str]], files: list[Path]) -> None:
+def _check_label_classes(
+    spec: DataSpec, header: list[str], rows: list[list[str]], files: list[Path]
+) -> None:
     """A classifier needs two classes; one label value throughout is a wrong file or filter."""
     index = header.index(spec.label)
     classes = {row[index] for row in rows if row[index].strip()}
@@ -208,7 +231,9 @@ def _scan_tfrecords(files: list[Path]) -> int:
             count_fn = tf.autograph.experimental.do_not_convert(lambda n, _: n + 1)
             count = int(dataset.reduce(tf.constant(0, tf.int64), count_fn))
         except Exception as exc:  # noqa: BLE001 - DataLossError and friends: all mean a damaged file
-            detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            detail = (
+                str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+            )
             kind = "gzip-compressed TFRecord" if compression else "TFRecord"
             raise DataError(
                 f"{path} is a damaged {kind} file (truncated or corrupted: {detail}); "
@@ -264,17 +289,25 @@ def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
         try:
             gzip.decompress(data[: 1 << 20]) if len(data) <= 1 << 20 else None
         except (OSError, EOFError):
-            raise DataError(f"{first} looks gzip-compressed but is corrupted; re-export it") from None
+            raise DataError(
+                f"{first} looks gzip-compressed but is corrupted; re-export it"
+            ) from None
     try:
-        record = next(iter(tf.data.TFRecordDataset([str(first)], compression_type=compression or "")))
+        record = next(
+            iter(tf.data.TFRecordDataset([str(first)], compression_type=compression or ""))
+        )
         example = tf.train.Example.FromString(record.numpy())
     except Exception as exc:  # noqa: BLE001 - TF raises DataLossError and friends; all mean bad input
-        raise DataError(f"{first} is not a readable TFRecord file of tf.Example records: {exc}") from None
+        raise DataError(
+            f"{first} is not a readable TFRecord file of tf.Example records: {exc}"
+        ) from None
     header = list(example.features.feature.keys())
     _check_columns(spec, header, str(first))
     parent = first.parent if Path(spec.path).is_dir() else None
     if parent is None:
-        raise DataError(f"`data.path` must be a folder of TFRecord files for format 'tfrecord', got the file {first}")
+        raise DataError(
+            f"`data.path` must be a folder of TFRecord files for format 'tfrecord', got the file {first}"
+        )
     rows = _scan_tfrecords(files)  # issue 8
     return PreparedData(str(parent), tuple(map(str, files)), tuple(header), rows)
 

@@ -19,19 +19,65 @@ TOPICS = {
         ["比赛", "进球", "球队", "教练", "联赛", "得分", "球员", "冠军"],
     ),
     "tech": (
-        ["laptop", "software", "chip", "battery", "update", "server", "code", "robot", "app", "screen"],
+        [
+            "laptop",
+            "software",
+            "chip",
+            "battery",
+            "update",
+            "server",
+            "code",
+            "robot",
+            "app",
+            "screen",
+        ],
         ["电脑", "软件", "芯片", "电池", "更新", "服务器", "代码", "手机"],
     ),
     "food": (
-        ["recipe", "noodles", "bread", "spicy", "dinner", "soup", "kitchen", "sweet", "rice", "taste"],
+        [
+            "recipe",
+            "noodles",
+            "bread",
+            "spicy",
+            "dinner",
+            "soup",
+            "kitchen",
+            "sweet",
+            "rice",
+            "taste",
+        ],
         ["面条", "米饭", "好吃", "厨房", "晚饭", "辣", "汤", "甜点"],
     ),
     "travel": (
-        ["flight", "hotel", "beach", "train", "ticket", "mountain", "museum", "passport", "trip", "map"],
+        [
+            "flight",
+            "hotel",
+            "beach",
+            "train",
+            "ticket",
+            "mountain",
+            "museum",
+            "passport",
+            "trip",
+            "map",
+        ],
         ["旅行", "酒店", "海边", "火车", "机票", "博物馆", "护照", "风景"],
     ),
 }
-FILLER_EN = ["the", "a", "really", "today", "new", "my", "this", "was", "very", "and", "we", "great"]
+FILLER_EN = [
+    "the",
+    "a",
+    "really",
+    "today",
+    "new",
+    "my",
+    "this",
+    "was",
+    "very",
+    "and",
+    "we",
+    "great",
+]
 FILLER_ZH = ["今天", "我们", "非常", "这个", "很", "的", "了", "真"]
 ROWS = 1200
 SEED = 20261130

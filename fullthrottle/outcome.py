@@ -47,7 +47,9 @@ class RunOutcome:
 def _store(mlmd_path: str) -> metadata_store.MetadataStore:
     config = metadata_store_pb2.ConnectionConfig()
     config.sqlite.filename_uri = mlmd_path
-    config.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+    config.sqlite.connection_mode = (
+        metadata_store_pb2.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+    )
     return metadata_store.MetadataStore(config)
 
 
@@ -92,14 +94,21 @@ def read_latest_run(mlmd_path: str) -> RunOutcome | None:
     components: dict[str, ComponentOutcome] = {}
     artifact_ids: dict[int, list[tuple[str, int]]] = {}
     for event in store.get_events_by_execution_ids([e.id for e in executions]):
-        if event.type in (metadata_store_pb2.Event.OUTPUT, metadata_store_pb2.Event.DECLARED_OUTPUT):
+        if event.type in (
+            metadata_store_pb2.Event.OUTPUT,
+            metadata_store_pb2.Event.DECLARED_OUTPUT,
+        ):
             key = event.path.steps[0].key if event.path.steps else "output"
             artifact_ids.setdefault(event.execution_id, []).append((key, event.artifact_id))
     all_ids = sorted({aid for pairs in artifact_ids.values() for _, aid in pairs})
     artifacts = {a.id: a for a in store.get_artifacts_by_id(all_ids)} if all_ids else {}
     for execution in executions:
         node = next(
-            (c.name.split(".", 1)[-1] for c in store.get_contexts_by_execution(execution.id) if c.type == "node"),
+            (
+                c.name.split(".", 1)[-1]
+                for c in store.get_contexts_by_execution(execution.id)
+                if c.type == "node"
+            ),
             str(execution.type_id),
         )
         outputs: dict[str, list[dict[str, Any]]] = {}
@@ -113,11 +122,17 @@ def read_latest_run(mlmd_path: str) -> RunOutcome | None:
                     "id": artifact.id,
                     "properties": {
                         name: _prop(artifact, name)
-                        for name in (*artifact.custom_properties.keys(), *artifact.properties.keys())
+                        for name in (
+                            *artifact.custom_properties.keys(),
+                            *artifact.properties.keys(),
+                        )
                     },
                 }
             )
-        seconds = max(0.0, (execution.last_update_time_since_epoch - execution.create_time_since_epoch) / 1000.0)
+        seconds = max(
+            0.0,
+            (execution.last_update_time_since_epoch - execution.create_time_since_epoch) / 1000.0,
+        )
         components[node] = ComponentOutcome(
             component=node,
             state=_STATES.get(execution.last_known_state, "unknown"),

@@ -26,7 +26,9 @@ def beam_pipeline_args(beam: BeamConfig) -> list[str]:
     return args
 
 
-def build_local_pipeline(config: Config, *, input_base: str, extra_beam_args: Sequence[str] = ()) -> tfx.dsl.Pipeline:
+def build_local_pipeline(
+    config: Config, *, input_base: str, extra_beam_args: Sequence[str] = ()
+) -> tfx.dsl.Pipeline:
     config.mlmd_path.parent.mkdir(parents=True, exist_ok=True)
     config.serving_dir.mkdir(parents=True, exist_ok=True)
     return create_pipeline(

@@ -66,7 +66,9 @@ def _plain(value: Any) -> Any:
 def eval_config(config: Config) -> tfma.EvalConfig:
     label_key = transformed_name(config.data.label)
     threshold = tfma.MetricThreshold(
-        value_threshold=tfma.GenericValueThreshold(lower_bound={"value": config.evaluation.accuracy_threshold})
+        value_threshold=tfma.GenericValueThreshold(
+            lower_bound={"value": config.evaluation.accuracy_threshold}
+        )
     )
     return tfma.EvalConfig(
         model_specs=[
@@ -120,9 +122,13 @@ def create_pipeline(
         )
     )
     if spec.format == "tfrecord":
-        example_gen = tfx.components.ImportExampleGen(input_base=input_base, output_config=output_config)
+        example_gen = tfx.components.ImportExampleGen(
+            input_base=input_base, output_config=output_config
+        )
     else:
-        example_gen = tfx.components.CsvExampleGen(input_base=input_base, output_config=output_config)
+        example_gen = tfx.components.CsvExampleGen(
+            input_base=input_base, output_config=output_config
+        )
 
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
     # --- reliability (issue 8): curated schema by default for bundled data; the data gate ---
@@ -130,7 +136,8 @@ def create_pipeline(
     if schema_path:
         # Not ImportSchemaGen: its cache key is the path only, so an edited schema went unseen.
         schema_gen = ImportSchema(
-            schema_file=_runtime_path(schema_path, project_root), schema_digest=file_digest(schema_path)
+            schema_file=_runtime_path(schema_path, project_root),
+            schema_digest=file_digest(schema_path),
         )
     else:
         schema_gen = tfx.components.SchemaGen(
@@ -145,7 +152,9 @@ def create_pipeline(
         anomalies=example_validator.outputs["anomalies"],
         schema=schema_gen.outputs["schema"],
         input_files=describe_inputs(spec, input_base),
-        schema_source=_runtime_path(schema_path, project_root) if schema_path else "inferred by SchemaGen from this data",
+        schema_source=_runtime_path(schema_path, project_root)
+        if schema_path
+        else "inferred by SchemaGen from this data",
     )
     validated_schema = data_gate.outputs["validated_schema"]
     # --- end reliability ---

@@ -29,5 +29,7 @@ def penguins_run(tmp_path_factory):
     """One real pipeline run on the bundled penguins data, shared by the tests that read it."""
     output_dir = tmp_path_factory.mktemp("penguins_run")
     result = run_cli("run", "--output-dir", str(output_dir), "--set", "training.train_steps=300")
-    assert result.returncode == 0, f"fullthrottle run failed:\n{result.stdout}\n{result.stderr[-5000:]}"
+    assert result.returncode == 0, (
+        f"fullthrottle run failed:\n{result.stdout}\n{result.stderr[-5000:]}"
+    )
     return output_dir, result

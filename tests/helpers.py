@@ -14,7 +14,9 @@ import tensorflow as tf
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Runs `fullthrottle ARGS` in a fresh Python process (the console script's entry point)."""
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")

@@ -8,7 +8,9 @@ import pytest
 
 from tests.helpers import run_cli, served_dirs
 
-PENGUIN_HEADER = "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g,sex,year\n"
+PENGUIN_HEADER = (
+    "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g,sex,year\n"
+)
 PENGUIN_ROW = "Adelie,Torgersen,39.1,18.7,181,3750,male,2007\n"
 
 
@@ -77,6 +79,13 @@ def test_config_errors_name_the_field(tmp_path, override, needles):
 
 
 def test_debug_flag_shows_the_trace(tmp_path):
-    result = run_cli("--debug", "run", "--output-dir", str(tmp_path / "out"), "--data", str(tmp_path / "nope.csv"))
+    result = run_cli(
+        "--debug",
+        "run",
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--data",
+        str(tmp_path / "nope.csv"),
+    )
     assert result.returncode != 0
     assert "Traceback" in result.stderr

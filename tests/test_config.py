@@ -26,7 +26,11 @@ def test_presets_derive_from_the_default(preset):
     # A preset changes training fields only; data, evaluation and beam stay the default's.
     assert config.data == default.data
     assert config.beam == default.beam
-    changed = {f.name for f in dataclasses.fields(config.training) if getattr(config.training, f.name) != getattr(default.training, f.name)}
+    changed = {
+        f.name
+        for f in dataclasses.fields(config.training)
+        if getattr(config.training, f.name) != getattr(default.training, f.name)
+    }
     assert changed <= set(PRESETS[preset]["training"])
     assert config.training.strategy == PRESETS[preset]["training"]["strategy"]
 
@@ -60,14 +64,26 @@ def test_override_values_are_typed():
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("training.per_replica_batch_size=-4", r"`training.per_replica_batch_size` must be > 0, got -4"),
-        ("training.train_stepz=3", r"unknown config key `training.train_stepz` \(did you mean `train_steps`\?\)"),
+        (
+            "training.per_replica_batch_size=-4",
+            r"`training.per_replica_batch_size` must be > 0, got -4",
+        ),
+        (
+            "training.train_stepz=3",
+            r"unknown config key `training.train_stepz` \(did you mean `train_steps`\?\)",
+        ),
         ("training.jit_compile=maybe", r"`training.jit_compile` must be true or false"),
         ("data.numeric=bill_length_mm", r"`data.numeric` must be a list"),
         ("data.label=island", r"label column 'island' is also listed as a feature"),
-        ("evaluation.accuracy_threshold=2", r"`evaluation.accuracy_threshold` must be within \[0, 1\]"),
+        (
+            "evaluation.accuracy_threshold=2",
+            r"`evaluation.accuracy_threshold` must be within \[0, 1\]",
+        ),
         ("model_name=../etc", r"`model_name` must be a non-empty name"),
-        ("beam.extra_args=[runner=Flink]", r"`beam.extra_args` entries must look like --flag=value"),
+        (
+            "beam.extra_args=[runner=Flink]",
+            r"`beam.extra_args` entries must look like --flag=value",
+        ),
     ],
 )
 def test_bad_values_name_the_field(override, message):

@@ -12,7 +12,9 @@ from fullthrottle.errors import DataError
 
 
 def _config(tmp_path, data_path, *extra):
-    return load_config(overrides=[f"output_dir={tmp_path / 'out'}", f"data.path={data_path}", *extra])
+    return load_config(
+        overrides=[f"output_dir={tmp_path / 'out'}", f"data.path={data_path}", *extra]
+    )
 
 
 HEADER = "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g,sex,year\n"
@@ -33,13 +35,18 @@ def test_unchanged_input_keeps_the_staged_file_untouched(tmp_path):
     staged = config.staged_data_dir / STAGED_CSV
     os.utime(staged, (1_000_000, 1_000_000))
     prepare_data(config)
-    assert staged.stat().st_mtime == 1_000_000, "rewriting would change ExampleGen's fingerprint and miss the cache"
+    assert staged.stat().st_mtime == 1_000_000, (
+        "rewriting would change ExampleGen's fingerprint and miss the cache"
+    )
 
 
 @pytest.mark.parametrize(
     ("content", "needle"),
     [
-        (HEADER + HEADER + "Adelie,Torgersen,39.1,18.7,181,3750,male,2007\n", "header line appears again"),
+        (
+            HEADER + HEADER + "Adelie,Torgersen,39.1,18.7,181,3750,male,2007\n",
+            "header line appears again",
+        ),
         (HEADER.replace(",", ";") + "Adelie;Torgersen;39.1;18.7;181;3750;male;2007\n", "delimiter"),
         (HEADER + "Adelie,Torgersen,39.1\n", "3 fields where the header has 8"),
     ],
@@ -53,7 +60,9 @@ def test_malformed_csv_is_refused_with_the_line(tmp_path, content, needle):
 
 def test_non_utf8_bytes_name_the_line(tmp_path):
     data = tmp_path / "latin1.csv"
-    data.write_bytes(HEADER.encode() + "Adelie,Torgersen,39.1,18.7,181,3750,m\xe4le,2007\n".encode("latin-1"))
+    data.write_bytes(
+        HEADER.encode() + "Adelie,Torgersen,39.1,18.7,181,3750,m\xe4le,2007\n".encode("latin-1")
+    )
     with pytest.raises(DataError, match="not UTF-8 text .*line 2"):
         prepare_data(_config(tmp_path, data))
 

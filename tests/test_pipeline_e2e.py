@@ -35,6 +35,7 @@ def assert_all_components_completed(last: dict) -> None:
     for component, record in last["components"].items():
         assert record["state"] == "complete", (component, last["components"])
 
+
 pytestmark = pytest.mark.slow
 
 
@@ -96,10 +97,15 @@ def test_raw_feature_signature_matches_example_signature(penguins_run):
         if all(v is not None for v in values.values()):
             rows.append((record, values))
     assert len(rows) >= 20
-    inputs = {name: tf.constant([values[name] for _, values in rows], dtype=spec.dtype) for name, spec in specs.items()}
+    inputs = {
+        name: tf.constant([values[name] for _, values in rows], dtype=spec.dtype)
+        for name, spec in specs.items()
+    }
     raw_probabilities = raw_signature(**inputs)["probabilities"].numpy()
     examples = tf.constant([strip_label(record, "species") for record, _ in rows])
-    example_probabilities = model.signatures["serving_default"](examples=examples)["probabilities"].numpy()
+    example_probabilities = model.signatures["serving_default"](examples=examples)[
+        "probabilities"
+    ].numpy()
     np.testing.assert_allclose(raw_probabilities, example_probabilities, atol=1e-5)
 
 
@@ -110,7 +116,10 @@ def test_second_run_reuses_the_cache(penguins_run):
     assert result.returncode == 0, result.stderr[-3000:]
     second = last_run(output_dir)
     for component in ("StatisticsGen", "Transform", "Trainer", "Evaluator"):
-        assert second["components"][component]["state"] == "cached", (component, second["components"])
+        assert second["components"][component]["state"] == "cached", (
+            component,
+            second["components"],
+        )
     assert second["run_id"] != first["run_id"]
     # Nothing new is pushed when nothing changed.
     assert len(served_dirs(output_dir / "serving" / "penguins")) == 1

@@ -12,13 +12,17 @@ from tests.helpers import REPO, eval_split_examples, label_of, last_run, run_cli
 
 def test_bundled_text_dataset_is_what_the_generator_makes():
     shipped = datasets.text_topics_path().read_text(encoding="utf-8")
-    assert shipped == datasets.generate_text_topics(), "regenerate with: python -m fullthrottle.datasets"
+    assert shipped == datasets.generate_text_topics(), (
+        "regenerate with: python -m fullthrottle.datasets"
+    )
     assert any("\u4e00" <= ch <= "\u9fff" for ch in shipped), "the dataset must exercise CJK text"
 
 
 @pytest.mark.slow
 def test_text_model_trains_through_the_pipeline_and_answers_raw_strings(tmp_path):
-    result = run_cli("run", "--config", str(REPO / "configs" / "text_topics.yaml"), "--output-dir", str(tmp_path))
+    result = run_cli(
+        "run", "--config", str(REPO / "configs" / "text_topics.yaml"), "--output-dir", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     last = last_run(tmp_path)
     assert last["training"]["model_kind"] == "transformer"
@@ -28,15 +32,23 @@ def test_text_model_trains_through_the_pipeline_and_answers_raw_strings(tmp_path
     # Held-out rows through serving_default (serialized tf.Example with the raw text inside).
     records = eval_split_examples(last)
     labels = [label_of(r, "topic") for r in records]
-    outputs = model.signatures["serving_default"](examples=tf.constant([strip_label(r, "topic") for r in records]))
+    outputs = model.signatures["serving_default"](
+        examples=tf.constant([strip_label(r, "topic") for r in records])
+    )
     np.testing.assert_allclose(outputs["probabilities"].numpy().sum(axis=1), 1.0, atol=1e-5)
-    accuracy = np.mean([c.decode() == y for c, y in zip(outputs["classes"].numpy(), labels, strict=True)])
+    accuracy = np.mean(
+        [c.decode() == y for c, y in zip(outputs["classes"].numpy(), labels, strict=True)]
+    )
     assert accuracy > 0.7, accuracy
 
     # Raw strings (English and Chinese) through the raw-feature signature.
     raw = model.signatures["predict_raw"]
     specs = raw.structured_input_signature[1]
-    messages = ["the team won the match with a late goal", "今天的面条非常好吃", "my laptop battery update"]
+    messages = [
+        "the team won the match with a late goal",
+        "今天的面条非常好吃",
+        "my laptop battery update",
+    ]
     inputs = {
         "message": tf.constant(messages),
         "language": tf.constant(["en", "zh", "en"]),
@@ -47,4 +59,9 @@ def test_text_model_trains_through_the_pipeline_and_answers_raw_strings(tmp_path
     probabilities = answer["probabilities"].numpy()
     assert probabilities.shape == (3, 4)
     np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, atol=1e-5)
-    assert set(c.decode() for c in answer["classes"].numpy()) <= {"sports", "tech", "food", "travel"}
+    assert set(c.decode() for c in answer["classes"].numpy()) <= {
+        "sports",
+        "tech",
+        "food",
+        "travel",
+    }

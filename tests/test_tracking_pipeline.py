@@ -217,7 +217,9 @@ def test_logged_model_answers_like_the_pushed_model(server, output_dir, run_a, m
     import pandas as pd
     import tensorflow as tf
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)  # mlflow-artifacts: URIs resolve through it
+    monkeypatch.setenv(
+        "MLFLOW_TRACKING_URI", server.uri
+    )  # mlflow-artifacts: URIs resolve through it
     client = MlflowClient(server.uri)
     (parent,) = _parent_runs(client)
     model = mlflow.pyfunc.load_model(f"{parent.info.artifact_uri}/model")

@@ -6,10 +6,10 @@ import dataclasses
 import time
 
 from fullthrottle.config import load_config
+from fullthrottle.redact import REDACTED, redact_text
 from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.hook import Journal
 from fullthrottle.tracking.pipeline_run import config_params, run_key
-from fullthrottle.redact import REDACTED, redact_text
 from tests.tracking_server import free_port
 
 
@@ -19,7 +19,8 @@ def test_secrets_are_masked_in_uris_and_secret_fields_but_ordinary_fields_surviv
         == f"https://bob:{REDACTED}@mlflow.example:443/x"
     )
     assert (
-        redact_text("http://h/x?access_token=abc123&page=2") == f"http://h/x?access_token={REDACTED}&page=2"
+        redact_text("http://h/x?access_token=abc123&page=2")
+        == f"http://h/x?access_token={REDACTED}&page=2"
     )
     config = load_config(
         overrides=[

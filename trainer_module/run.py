@@ -114,7 +114,9 @@ def run_fn(fn_args: Any) -> None:
     from trainer_module.training.advisor import advise_result, format_advice
 
     summary["advisor"] = advise_result(result, training)
-    logging.info("fullthrottle step-time advisor:\n%s", "\n".join(format_advice(summary["advisor"])))
+    logging.info(
+        "fullthrottle step-time advisor:\n%s", "\n".join(format_advice(summary["advisor"]))
+    )
     # --- end advisor -----------------------------------------------------------------------------
     tf.io.gfile.makedirs(fn_args.model_run_dir)
     with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, SUMMARY_FILE), "w") as f:
@@ -132,7 +134,9 @@ def stable_work_dir(fn_args: Any, *, key_material: dict[str, Any]) -> str:
     training (input files, transform graph, training config, code), so the rerun of the same
     training resumes from its last checkpoint, and a different training never does.
     """
-    key = hashlib.sha256(json.dumps(key_material, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    key = hashlib.sha256(
+        json.dumps(key_material, sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
     # model_run_dir = <pipeline_root>/Trainer/model_run/<execution id>
     trainer_root = os.path.dirname(os.path.dirname(os.path.normpath(fn_args.model_run_dir)))
     return os.path.join(trainer_root, "training_state", key)
@@ -144,7 +148,9 @@ def _copy_tree(source: str, target: str) -> None:
         destination = os.path.normpath(os.path.join(target, relative))
         tf.io.gfile.makedirs(destination)
         for name in files:
-            tf.io.gfile.copy(os.path.join(directory, name), os.path.join(destination, name), overwrite=True)
+            tf.io.gfile.copy(
+                os.path.join(directory, name), os.path.join(destination, name), overwrite=True
+            )
 
 
 def summarize(result: Any) -> dict[str, Any]:

@@ -46,7 +46,9 @@ def _dense_scalar(x: Any, default: Any) -> tf.Tensor:
     if sparse is not None:
         batch = sparse.dense_shape[0]
         # A batch where every value is missing has dense_shape [B, 0]: widen to [B, 1].
-        sparse = tf.SparseTensor(sparse.indices, sparse.values, tf.stack([batch, tf.constant(1, tf.int64)]))
+        sparse = tf.SparseTensor(
+            sparse.indices, sparse.values, tf.stack([batch, tf.constant(1, tf.int64)])
+        )
         dense = tf.sparse.to_dense(sparse, default_value=default)
         return tf.reshape(dense[:, :1], [-1])
     x = tf.convert_to_tensor(x)
@@ -83,7 +85,11 @@ def _numeric(x: Any) -> tf.Tensor:
 
 
 def _dtype_of(x: Any) -> tf.DType:
-    return x.values.dtype if isinstance(x, (tf.SparseTensor, tf.RaggedTensor)) else tf.convert_to_tensor(x).dtype
+    return (
+        x.values.dtype
+        if isinstance(x, (tf.SparseTensor, tf.RaggedTensor))
+        else tf.convert_to_tensor(x).dtype
+    )
 
 
 def _as_strings(x: Any) -> Any:
@@ -130,7 +136,9 @@ def _text(x: Any, column: Any) -> tf.Tensor:
     return tf.reshape(dense, [-1, column.max_tokens])
 
 
-def preprocessing_fn(inputs: Mapping[str, Any], custom_config: Mapping[str, Any]) -> dict[str, tf.Tensor]:
+def preprocessing_fn(
+    inputs: Mapping[str, Any], custom_config: Mapping[str, Any]
+) -> dict[str, tf.Tensor]:
     """Called by TFX Transform; `custom_config["data"]` is the pipeline's `DataSpec` as a dict."""
     spec = data_spec_from_custom_config(custom_config)
     outputs: dict[str, tf.Tensor] = {}

@@ -8,7 +8,6 @@ import datetime as dt
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from fullthrottle.config import PRESETS, Config, load_config
@@ -41,7 +40,9 @@ def register(sub: Any) -> argparse.ArgumentParser:
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE", help="a YAML config (see `fullthrottle init`)")
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="hardware preset applied before the file")
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), help="hardware preset applied before the file"
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -50,7 +51,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FIELD=VALUE",
         help="override one config field, e.g. training.train_steps=200 (repeatable)",
     )
-    parser.add_argument("--output-dir", help="where runs, metadata and pushed models go (default: runs/)")
+    parser.add_argument(
+        "--output-dir", help="where runs, metadata and pushed models go (default: runs/)"
+    )
     parser.add_argument("--data", metavar="PATH", help="shorthand for --set data.path=PATH")
 
 
@@ -79,7 +82,12 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     # --- tracking (issue 5): one MLflow run around the pipeline; never stops it -----------
-    from fullthrottle.tracking import finish_tracking, start_tracking, tracking_environment, tracking_message
+    from fullthrottle.tracking import (
+        finish_tracking,
+        start_tracking,
+        tracking_environment,
+        tracking_message,
+    )
 
     tracker = start_tracking(config, source_files=prepared.source_files)
     # --- end tracking ----------------------------------------------------------------------
@@ -94,11 +102,17 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - re-raised below with the failing component named
         error = exc
     summary = write_last_run(config, started_at=started_at, error=error)
-    summary = finish_tracking(tracker, summary, error=error)  # issue 5: adds `tracking` to last_run.json
+    summary = finish_tracking(
+        tracker, summary, error=error
+    )  # issue 5: adds `tracking` to last_run.json
     if error is not None:
         failed = summary.get("failed_component") or "a component"
         # Our own errors already say what to do; anything else is shown with its type.
-        cause = str(error) if isinstance(error, USER_ERRORS) else f"{type(error).__name__}: {_first_line(error)}"
+        cause = (
+            str(error)
+            if isinstance(error, USER_ERRORS)
+            else f"{type(error).__name__}: {_first_line(error)}"
+        )
         raise PipelineFailedError(
             f"{failed} failed: {cause} Nothing was pushed by this run. Details: "
             f"{config.output_path / LAST_RUN}; rerun with --debug for the stack trace."
@@ -115,7 +129,9 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0][:500]
 
 
-def write_last_run(config: Config, *, started_at: str, error: BaseException | None) -> dict[str, Any]:
+def write_last_run(
+    config: Config, *, started_at: str, error: BaseException | None
+) -> dict[str, Any]:
     from fullthrottle.outcome import read_latest_run
     from fullthrottle.redact import redact, redact_text  # issue 8
 
@@ -124,7 +140,11 @@ def write_last_run(config: Config, *, started_at: str, error: BaseException | No
     failed_component = None
     if outcome is not None:
         for name, comp in outcome.components.items():
-            components[name] = {"state": comp.state, "seconds": round(comp.seconds, 3), "execution_id": comp.execution_id}
+            components[name] = {
+                "state": comp.state,
+                "seconds": round(comp.seconds, 3),
+                "execution_id": comp.execution_id,
+            }
             if comp.state in ("failed", "running", "new") and error is not None:
                 failed_component = name
     summary: dict[str, Any] = {
@@ -159,7 +179,9 @@ def write_last_run(config: Config, *, started_at: str, error: BaseException | No
 
 
 def print_summary(summary: dict[str, Any]) -> None:
-    lines = [f"fullthrottle: pipeline {summary['pipeline_name']!r} run {summary['run_id']} finished"]
+    lines = [
+        f"fullthrottle: pipeline {summary['pipeline_name']!r} run {summary['run_id']} finished"
+    ]
     for name, comp in summary["components"].items():
         lines.append(f"  {name:<18} {comp['state']:<9} {comp['seconds']:7.1f} s")
     metrics = summary["eval_metrics"]

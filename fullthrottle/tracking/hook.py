@@ -29,8 +29,8 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 
-from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.redact import redact_value
+from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.store import TrainerLink
 from trainer_module.training import TrainingHook
 

@@ -32,9 +32,9 @@ from typing import Any
 from mlflow.entities import Metric, Param, RunTag
 
 from fullthrottle.config import Config
+from fullthrottle.redact import redact, redact_text, redact_value
 from fullthrottle.tracking.channel import Channel
 from fullthrottle.tracking.hook import COMPONENT_TAG
-from fullthrottle.redact import redact, redact_text, redact_value
 from fullthrottle.tracking.store import (
     TRAINER_ENV,
     Destination,

@@ -9,14 +9,27 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
+import os
 import sys
 import textwrap
 from collections.abc import Sequence
 
-from fullthrottle.errors import USER_ERRORS
-
 # Modules under fullthrottle.commands, in the order `--help` lists them.
-COMMANDS = ("run", "init", "schema", "doctor", "compare", "ui", "compile", "submit", "serve", "predict", "deploy_kit", "bench")
+COMMANDS = (
+    "run",
+    "init",
+    "schema",
+    "doctor",
+    "compare",
+    "ui",
+    "serve",
+    "predict",
+    "deploy_kit",
+    "compile",
+    "submit",
+    "bench",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,19 +39,61 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Example: fullthrottle run    (the whole pipeline on the bundled penguins data)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--debug", action="store_true", help="show stack traces on errors")
+    parser.add_argument(
+        "--debug", action="store_true", help="show stack traces on errors (implies --verbose)"
+    )
+    parser.add_argument(
+        "--verbose", action="store_true", help="show TensorFlow, TFX, Beam and MLflow log messages"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
         module = importlib.import_module(f"fullthrottle.commands.{name}")
         command_parser = module.register(sub)
-        command_parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                                    help="show stack traces on errors")
+        command_parser.add_argument(
+            "--debug",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show stack traces on errors",
+        )
+        command_parser.add_argument(
+            "--verbose",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="show third-party log messages",
+        )
         command_parser.set_defaults(handler=module.run)
     return parser
 
 
+def quiet_third_party_logs(*, verbose: bool) -> None:
+    """TensorFlow, TFX (absl), Beam and MLflow log dozens of INFO/WARNING lines per run that
+    say nothing actionable to a user (ZetaSQL fallbacks, deprecations inside TFMA, table
+    initialisation notes). Show errors only, unless `--verbose`. Must run before TensorFlow is
+    imported: its C++ log level is read once, from the environment, at import."""
+    if verbose:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow resets its logger at import
+    for name in ("absl", "tensorflow", "apache_beam", "mlflow", "alembic", "py.warnings"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    except ImportError:  # absl comes with TensorFlow; without it there is nothing to quiet
+        pass
+    # Python warnings from third-party packages (deprecations) go to the quieted logger.
+    logging.captureWarnings(True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_third_party_logs(verbose="--verbose" in argv or "--debug" in argv)
+    # Imported only now: the training library's error types import TensorFlow.
+    from fullthrottle.errors import USER_ERRORS
+
     parser = build_parser()
     args = parser.parse_args(argv)
     debug = getattr(args, "debug", False)

@@ -61,7 +61,9 @@ class TextColumn:
 class DataSpec:
     """What the data is: where it lives and what each column means."""
 
-    path: str = BUNDLED_PENGUINS  # a CSV file or folder of CSVs, a TFRecord folder, or a bundled name
+    path: str = (
+        BUNDLED_PENGUINS  # a CSV file or folder of CSVs, a TFRecord folder, or a bundled name
+    )
     format: str = "csv"  # "csv" or "tfrecord" (gzip or plain tf.Example records)
     label: str = "species"
     numeric: tuple[str, ...] = (
@@ -131,10 +133,14 @@ class BeamConfig:
                 f"`beam.direct_running_mode` must be one of {', '.join(modes)}, got {self.direct_running_mode!r}"
             )
         if self.direct_num_workers < 0:
-            raise ConfigError(f"`beam.direct_num_workers` must be >= 0, got {self.direct_num_workers}")
+            raise ConfigError(
+                f"`beam.direct_num_workers` must be >= 0, got {self.direct_num_workers}"
+            )
         for arg in self.extra_args:
             if not arg.startswith("--"):
-                raise ConfigError(f"`beam.extra_args` entries must look like --flag=value, got {arg!r}")
+                raise ConfigError(
+                    f"`beam.extra_args` entries must look like --flag=value, got {arg!r}"
+                )
 
 
 # --- tracking (issue 5) --------------------------------------------------------------------
@@ -161,9 +167,13 @@ class TrackingConfig:
 
     def __post_init__(self) -> None:
         if self.uri is not None and not self.uri.strip():
-            raise ConfigError("`tracking.uri` must be a URI (http://host:port, sqlite:///path) or null")
+            raise ConfigError(
+                "`tracking.uri` must be a URI (http://host:port, sqlite:///path) or null"
+            )
         if self.experiment is not None and not self.experiment.strip():
-            raise ConfigError("`tracking.experiment` must be a non-empty name or null (= pipeline name)")
+            raise ConfigError(
+                "`tracking.experiment` must be a non-empty name or null (= pipeline name)"
+            )
         _check_name(self.registry_alias, "tracking.registry_alias")
         if self.retries < 0:
             raise ConfigError(f"`tracking.retries` must be >= 0, got {self.retries}")
@@ -189,6 +199,81 @@ class EvalConfig:
             raise ConfigError(
                 f"`evaluation.accuracy_threshold` must be within [0, 1], got {self.accuracy_threshold}"
             )
+
+
+# --- serving (issue 6) ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServingConfig:
+    """How pushed models are stored, warmed up, served and deployed (`serving:` section).
+
+    One section feeds the Pusher, `fullthrottle serve`, `fullthrottle predict` and the deploy kit,
+    so names, ports and paths agree everywhere.
+    """
+
+    # PredictionLog records written to assets.extra/tf_serving_warmup_requests per signature;
+    # TF Serving reads at most 1000 of them.
+    warmup_requests: int = 64
+    keep_versions: int = 0  # newest K version folders kept after a push; 0 keeps all
+    serve_versions: int = (
+        1  # the server keeps the newest N versions loaded (TF Serving's latest policy)
+    )
+    tflite: bool = False  # also write model.tflite (float32) beside the pushed SavedModel
+    tflite_quantize: bool = (
+        False  # and model_dynamic_range.tflite (int8 weights, float activations)
+    )
+    host: str = "127.0.0.1"
+    rest_port: int = 8501  # TF Serving's REST port
+    grpc_port: int = 8500  # TF Serving's gRPC port
+    max_request_bytes: int = 4 * 1024 * 1024  # larger request bodies get a 413
+    poll_seconds: float = 1.0  # how often `serve` looks for a new version folder
+    # TF Serving batching (the deploy kit's batching.config); see serving/deploy/README section.
+    max_batch_size: int = 64
+    batch_timeout_micros: int = 2000
+    num_batch_threads: int = 2
+    max_enqueued_batches: int = 64
+    image: str = "tensorflow/serving:2.18.0"
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup_requests <= 1000:
+            raise ConfigError(
+                f"`serving.warmup_requests` must be within [0, 1000] (TF Serving reads at most 1000), "
+                f"got {self.warmup_requests}"
+            )
+        for name in ("keep_versions",):
+            if getattr(self, name) < 0:
+                raise ConfigError(
+                    f"`serving.{name}` must be >= 0 (0 keeps all), got {getattr(self, name)}"
+                )
+        for name in (
+            "serve_versions",
+            "max_request_bytes",
+            "max_batch_size",
+            "batch_timeout_micros",
+            "num_batch_threads",
+            "max_enqueued_batches",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"`serving.{name}` must be > 0, got {getattr(self, name)}")
+        for name in ("rest_port", "grpc_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(
+                    f"`serving.{name}` must be a TCP port within [0, 65535], got {getattr(self, name)}"
+                )
+        if self.rest_port and self.rest_port == self.grpc_port:
+            raise ConfigError(
+                f"`serving.rest_port` and `serving.grpc_port` must differ, both are {self.rest_port}"
+            )
+        if self.poll_seconds <= 0:
+            raise ConfigError(f"`serving.poll_seconds` must be > 0, got {self.poll_seconds}")
+        if self.tflite_quantize and not self.tflite:
+            raise ConfigError("`serving.tflite_quantize` needs `serving.tflite: true`")
+        if not self.host:
+            raise ConfigError(
+                "`serving.host` must not be empty (127.0.0.1 serves this machine only)"
+            )
+
+
+# --- end serving (issue 6) -----------------------------------------------------------------
 
 
 # --- kubeflow (issue 7) --------------------------------------------------------------------
@@ -231,21 +316,31 @@ class StepResources:
         for name in ("cpu_request", "cpu_limit"):
             value = getattr(self, name)
             if value is not None and not _CPU_QUANTITY.match(value):
-                raise ConfigError(f"`{name}` must be a CPU quantity like '2', '0.5' or '500m', got {value!r}")
+                raise ConfigError(
+                    f"`{name}` must be a CPU quantity like '2', '0.5' or '500m', got {value!r}"
+                )
         for name in ("memory_request", "memory_limit"):
             value = getattr(self, name)
             if value is not None and not _MEMORY_QUANTITY.match(value):
-                raise ConfigError(f"`{name}` must be a memory quantity like '512Mi' or '16Gi', got {value!r}")
+                raise ConfigError(
+                    f"`{name}` must be a memory quantity like '512Mi' or '16Gi', got {value!r}"
+                )
         if self.accelerator_count is not None and self.accelerator_count < 0:
-            raise ConfigError(f"`accelerator_count` must be >= 0 (0 = no accelerator), got {self.accelerator_count}")
+            raise ConfigError(
+                f"`accelerator_count` must be >= 0 (0 = no accelerator), got {self.accelerator_count}"
+            )
         if self.accelerator_type is not None and not self.accelerator_type.strip():
-            raise ConfigError("`accelerator_type` must name a resource like 'nvidia.com/gpu', got ''")
+            raise ConfigError(
+                "`accelerator_type` must name a resource like 'nvidia.com/gpu', got ''"
+            )
 
     def over(self, base: StepResources) -> StepResources:
         """These resources, with every unset field taken from `base`."""
         return StepResources(
             **{
-                f.name: getattr(base, f.name) if getattr(self, f.name) is None else getattr(self, f.name)
+                f.name: getattr(base, f.name)
+                if getattr(self, f.name) is None
+                else getattr(self, f.name)
                 for f in dataclasses.fields(self)
             }
         )
@@ -310,7 +405,9 @@ class TFJobConfig:
 
     def __post_init__(self) -> None:
         if self.workers < 1:
-            raise ConfigError(f"`workers` must be >= 1 (the chief counts as one), got {self.workers}")
+            raise ConfigError(
+                f"`workers` must be >= 1 (the chief counts as one), got {self.workers}"
+            )
         if self.timeout_minutes <= 0:
             raise ConfigError(f"`timeout_minutes` must be > 0, got {self.timeout_minutes}")
         if self.poll_seconds <= 0:
@@ -330,14 +427,19 @@ class KubeflowConfig:
     Paths are as the pods see them: an object store URI (gs://, s3://) or a volume mount path.
     """
 
-    image: str = "fullthrottle:0.1.0"  # the image built from the repo's Dockerfile, pushed somewhere
+    image: str = (
+        "fullthrottle:0.1.0"  # the image built from the repo's Dockerfile, pushed somewhere
+    )
     pipeline_root: str = "/mnt/fullthrottle/pipeline_root"  # the pipeline name is appended
     input_base: str = "/mnt/fullthrottle/data"  # folder of input files, staged as `run` stages them
     serving_dir: str = "/mnt/fullthrottle/serving"  # the model name is appended
     # Beam args of the data components. In a pod: DirectRunner, one process per requested CPU
     # (not 0 = "all cores": in a pod that counts the node's cores, not the pod's share).
     # A distributed runner replaces them, e.g. ["--runner=FlinkRunner", "--flink_master=...", ...].
-    beam_args: tuple[str, ...] = ("--direct_running_mode=multi_processing", "--direct_num_workers=2")
+    beam_args: tuple[str, ...] = (
+        "--direct_running_mode=multi_processing",
+        "--direct_num_workers=2",
+    )
     enable_cache: bool | None = None  # KFP step caching; None follows the top-level `enable_cache`
     namespace: str = "kubeflow"  # of KFP runs and of TFJobs
     resources: PipelineResources = field(default_factory=PipelineResources)
@@ -348,9 +450,13 @@ class KubeflowConfig:
             raise ConfigError(f"`image` must be a container image reference, got {self.image!r}")
         for name in ("pipeline_root", "input_base", "serving_dir"):
             if not getattr(self, name):
-                raise ConfigError(f"`{name}` must not be empty: give a gs://, s3:// URI or a volume path")
+                raise ConfigError(
+                    f"`{name}` must not be empty: give a gs://, s3:// URI or a volume path"
+                )
         if not _DNS_LABEL.match(self.namespace):
-            raise ConfigError(f"`namespace` must be a Kubernetes namespace name, got {self.namespace!r}")
+            raise ConfigError(
+                f"`namespace` must be a Kubernetes namespace name, got {self.namespace!r}"
+            )
         flags = {arg.split("=", 1)[0] for arg in self.beam_args}
         for arg in self.beam_args:
             if not arg.startswith("--"):
@@ -367,63 +473,6 @@ class KubeflowConfig:
 
 
 # --- end kubeflow (issue 7) ----------------------------------------------------------------
-
-
-# --- serving (issue 6) ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class ServingConfig:
-    """How pushed models are stored, warmed up, served and deployed (`serving:` section).
-
-    One section feeds the Pusher, `fullthrottle serve`, `fullthrottle predict` and the deploy kit,
-    so names, ports and paths agree everywhere.
-    """
-
-    # PredictionLog records written to assets.extra/tf_serving_warmup_requests per signature;
-    # TF Serving reads at most 1000 of them.
-    warmup_requests: int = 64
-    keep_versions: int = 0  # newest K version folders kept after a push; 0 keeps all
-    serve_versions: int = 1  # the server keeps the newest N versions loaded (TF Serving's latest policy)
-    tflite: bool = False  # also write model.tflite (float32) beside the pushed SavedModel
-    tflite_quantize: bool = False  # and model_dynamic_range.tflite (int8 weights, float activations)
-    host: str = "127.0.0.1"
-    rest_port: int = 8501  # TF Serving's REST port
-    grpc_port: int = 8500  # TF Serving's gRPC port
-    max_request_bytes: int = 4 * 1024 * 1024  # larger request bodies get a 413
-    poll_seconds: float = 1.0  # how often `serve` looks for a new version folder
-    # TF Serving batching (the deploy kit's batching.config); see serving/deploy/README section.
-    max_batch_size: int = 64
-    batch_timeout_micros: int = 2000
-    num_batch_threads: int = 2
-    max_enqueued_batches: int = 64
-    image: str = "tensorflow/serving:2.18.0"
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.warmup_requests <= 1000:
-            raise ConfigError(
-                f"`serving.warmup_requests` must be within [0, 1000] (TF Serving reads at most 1000), "
-                f"got {self.warmup_requests}"
-            )
-        for name in ("keep_versions",):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"`serving.{name}` must be >= 0 (0 keeps all), got {getattr(self, name)}")
-        for name in ("serve_versions", "max_request_bytes", "max_batch_size", "batch_timeout_micros",
-                     "num_batch_threads", "max_enqueued_batches"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"`serving.{name}` must be > 0, got {getattr(self, name)}")
-        for name in ("rest_port", "grpc_port"):
-            if not 0 <= getattr(self, name) <= 65535:
-                raise ConfigError(f"`serving.{name}` must be a TCP port within [0, 65535], got {getattr(self, name)}")
-        if self.rest_port and self.rest_port == self.grpc_port:
-            raise ConfigError(f"`serving.rest_port` and `serving.grpc_port` must differ, both are {self.rest_port}")
-        if self.poll_seconds <= 0:
-            raise ConfigError(f"`serving.poll_seconds` must be > 0, got {self.poll_seconds}")
-        if self.tflite_quantize and not self.tflite:
-            raise ConfigError("`serving.tflite_quantize` needs `serving.tflite: true`")
-        if not self.host:
-            raise ConfigError("`serving.host` must not be empty (127.0.0.1 serves this machine only)")
-
-
-# --- end serving (issue 6) -----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -479,7 +528,9 @@ PRESETS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
     {
         "cpu": {"training": {"strategy": "one_device", "precision": "auto"}},
         "gpu": {"training": {"strategy": "one_device", "precision": "auto", "jit_compile": True}},
-        "multi_gpu": {"training": {"strategy": "mirrored", "precision": "auto", "jit_compile": True}},
+        "multi_gpu": {
+            "training": {"strategy": "mirrored", "precision": "auto", "jit_compile": True}
+        },
         "multi_worker": {"training": {"strategy": "multi_worker", "precision": "auto"}},
     }
 )
@@ -525,7 +576,10 @@ def _convert(value: Any, annotation: Any, where: str) -> Any:
             return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
         if len(args) != len(value):
             raise ConfigError(f"`{where}` must have {len(args)} entries, got {len(value)}")
-        return tuple(_convert(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(args, value, strict=True)))
+        return tuple(
+            _convert(v, a, f"{where}[{i}]")
+            for i, (v, a) in enumerate(zip(args, value, strict=True))
+        )
     if origin in (dict, Mapping) or annotation in (dict, Mapping):
         if not isinstance(value, Mapping):
             raise ConfigError(f"`{where}` must be a mapping, got {type(value).__name__}")
@@ -634,7 +688,9 @@ def load_config(
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist; create one with `fullthrottle init`")
+            raise ConfigError(
+                f"config file {path} does not exist; create one with `fullthrottle init`"
+            )
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
@@ -648,7 +704,12 @@ def load_config(
             data_section = dict(data_section)
             for key in ("path", "schema_path"):
                 value = data_section.get(key)
-                if isinstance(value, str) and value and not value.startswith("bundled:") and value != BUNDLED_PENGUINS:
+                if (
+                    isinstance(value, str)
+                    and value
+                    and not value.startswith("bundled:")
+                    and value != BUNDLED_PENGUINS
+                ):
                     if not Path(value).is_absolute() and "://" not in value:
                         data_section[key] = str((path.parent / value).resolve())
             loaded["data"] = data_section

@@ -9,6 +9,7 @@ the node id ``Pusher`` and reads the ``pushed_model`` artifact's custom properti
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -18,7 +19,7 @@ from tfx.types import artifact_utils, channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 from tfx.utils import path_utils
 
-from serving.push import push_model
+from serving.push import TFLITE_DIR, WARMUP_RELATIVE_PATH, push_model, version_dirs
 
 # Evaluation examples read for warmup requests: enough for 1000 records at batch sizes <= 8.
 _MAX_WARMUP_EXAMPLES = 256
@@ -58,6 +59,47 @@ def _eval_examples(examples_artifacts: list[Any], *, label: str, limit: int) -> 
     return records
 
 
+# --- issue 8 (reliability): a push killed after publishing is not published twice -------------
+def already_published(
+    serving_dir: str, *, model_dir: str, warmup_records: int, tflite: bool
+) -> tuple[int, str] | None:
+    """The newest version, if it already holds this SavedModel as this push would write it.
+
+    A run killed after the version folder was renamed into place but before TFX recorded the
+    Pusher's execution re-executes the Pusher when rerun; without this check it would publish
+    the same model again under a newer version. Same model means byte-identical
+    ``fingerprint.pb`` (TF's hashes of the graph, signatures and checkpoint); the warmup record
+    count and the TFLite folder must match too, so a changed `serving` push setting still pushes.
+    Returns None (push) when there is no version or any of these differ or cannot be read.
+    """
+    versions = version_dirs(serving_dir)
+    if not versions:
+        return None
+    version = max(versions)
+    published = versions[version]
+    fingerprints = [os.path.join(d, "fingerprint.pb") for d in (model_dir, published)]
+    if not all(tf.io.gfile.exists(path) for path in fingerprints):
+        return None
+    source, target = (_read_bytes(path) for path in fingerprints)
+    if source != target:
+        return None
+    warmup_path = os.path.join(published, WARMUP_RELATIVE_PATH)
+    found = 0
+    if tf.io.gfile.exists(warmup_path):
+        found = sum(1 for _ in tf.data.TFRecordDataset(warmup_path))
+    if found != warmup_records or tf.io.gfile.isdir(os.path.join(published, TFLITE_DIR)) != tflite:
+        return None
+    return version, published
+
+
+def _read_bytes(path: str) -> bytes:
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
+# --- end issue 8 -------------------------------------------------------------------------------
+
+
 class Executor(base_executor.BaseExecutor):
     def Do(
         self,
@@ -79,8 +121,26 @@ class Executor(base_executor.BaseExecutor):
             label=exec_properties["label"],
             limit=_MAX_WARMUP_EXAMPLES,
         )
+        model_dir = path_utils.serving_model_path(model.uri)
+        # --- issue 8: a rerun after a kill between publish and TFX's record reuses the version
+        expected_warmup = int(push_config["warmup_requests"]) if examples else 0
+        existing = already_published(
+            exec_properties["serving_dir"],
+            model_dir=model_dir,
+            warmup_records=expected_warmup,
+            tflite=bool(push_config["tflite"]),
+        )
+        if existing is not None:
+            version, version_dir = existing
+            logging.info("version %s already holds this model: not pushed again", version)
+            pushed.set_int_custom_property("pushed", 1)
+            pushed.set_string_custom_property("pushed_destination", version_dir)
+            pushed.set_string_custom_property("pushed_version", str(version))
+            pushed.set_int_custom_property("warmup_records", expected_warmup)
+            return
+        # --- end issue 8
         result = push_model(
-            model_dir=path_utils.serving_model_path(model.uri),
+            model_dir=model_dir,
             serving_dir=exec_properties["serving_dir"],
             model_name=exec_properties["model_name"],
             warmup_examples=examples,

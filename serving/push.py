@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import shutil
 import time
@@ -252,6 +253,58 @@ def remove_old_versions(serving_dir: str, *, keep: int, protect: int) -> list[in
     return removed
 
 
+# --- issue 8 (reliability): folders left behind by a killed push ------------------------------
+def _lock_staging(staging: str) -> int:
+    """Creates the staging folder and holds an exclusive `flock` on it for this push's lifetime.
+
+    The kernel drops the lock when the process dies, SIGKILL included, so a staging folder whose
+    lock can be taken belongs to a push that will never finish. Returns the descriptor to close.
+    """
+    os.makedirs(staging)
+    descriptor = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(descriptor, fcntl.LOCK_EX)
+    # Another push's clean-up may have taken it between makedirs and flock (microseconds).
+    if os.fstat(descriptor).st_nlink == 0:
+        os.close(descriptor)
+        raise PushError(f"the staging folder {staging} was removed while pushing; push again")
+    return descriptor
+
+
+def remove_abandoned_folders(serving_dir: str) -> list[str]:
+    """Removes what killed pushes left in a local `serving_dir`; returns the names removed.
+
+    Owns: ``.staging-*`` folders whose lock is free (their push died before publishing) and
+    ``.deleting-*`` folders (retention died mid-delete; they are already out of the version
+    namespace). Refuses to touch a staging folder a live push holds, and never touches versions.
+    """
+    removed = []
+    for name in sorted(os.listdir(serving_dir)):
+        path = os.path.join(serving_dir, name)
+        if name.startswith(DELETING_PREFIX):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+            continue
+        if not name.startswith(STAGING_PREFIX):
+            continue
+        try:
+            descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:  # removed meanwhile, or not a folder
+            continue
+        try:
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live push is writing it
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+        finally:
+            os.close(descriptor)
+    return removed
+
+
+# --- end issue 8 -------------------------------------------------------------------------------
+
+
 def push_model(
     *,
     model_dir: str,
@@ -279,6 +332,8 @@ def push_model(
     if not remote:
         serving_dir = str(Path(serving_dir).absolute())
     tf.io.gfile.makedirs(serving_dir)
+    if not remote:
+        remove_abandoned_folders(serving_dir)  # issue 8: a killed push's staging folder
     if version is None:
         version = next_version(serving_dir)
     elif version in version_dirs(serving_dir):
@@ -293,6 +348,7 @@ def push_model(
         if remote
         else os.path.join(serving_dir, f"{STAGING_PREFIX}{version}-{uuid.uuid4().hex[:8]}")
     )
+    staging_lock = None if remote else _lock_staging(staging)  # issue 8: held until published
     try:
         _copy_tree(model_dir, staging, last=("saved_model.pb",) if remote else ())
         records = build_warmup_records(
@@ -324,6 +380,9 @@ def push_model(
         if not remote and os.path.isdir(staging):
             shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        if staging_lock is not None:  # issue 8
+            os.close(staging_lock)
     removed = remove_old_versions(serving_dir, keep=keep_versions, protect=version)
     return PushResult(
         version=version,

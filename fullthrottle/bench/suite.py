@@ -544,7 +544,7 @@ def markdown_table(document: dict[str, Any]) -> str:
             rows.append(f"| {name}: skipped | {part['skipped']} | | |")
     m = document["machine"]
     header = (
-        f"fullthrottle bench ({document['mode']}), {document['date']}, commit {document['git_commit']}\n"
+        f"results of `fullthrottle bench` ({document['mode']}), {document['date']}, commit {document['git_commit']}\n"
         f"machine: {m['cpu']}, {m['cpu_count']} cores, bf16 {m['cpu_bf16']}, GPUs {m['gpus'] or 'none'}, "
         f"TensorFlow {m['tensorflow']}; suite {document['suite_seconds']:.0f} s\n"
     )

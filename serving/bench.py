@@ -16,6 +16,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+# Output files of the servers `start_server` started, by process id, until `stop_server`.
+_SERVER_LOGS: dict[int, Any] = {}
 
 
 def free_port() -> int:
@@ -58,14 +61,19 @@ def start_server(
     command += ["--port", str(port), "--engine", "kserve"]
     for override in overrides:
         command += ["--set", override]
+    # The server's output goes to an unnamed temporary file, never to a pipe: a pipe nobody reads
+    # fills up (64 KiB) and the server then blocks in its next log write, on the event loop
+    # thread, so every request hangs. Measured here: that was the "hot swap hangs" failure.
+    log_file = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
     process = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True
     )
+    _SERVER_LOGS[process.pid] = log_file
     deadline = time.monotonic() + timeout
     url = f"http://127.0.0.1:{port}/v1/models/{model_name}"
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            output = process.stdout.read() if process.stdout else ""
+            output = stop_server(process)
             raise RuntimeError(
                 f"fullthrottle serve exited with {process.returncode}:\n{output[-3000:]}"
             )
@@ -88,7 +96,12 @@ def stop_server(process: subprocess.Popen) -> str:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-    return process.stdout.read() if process.stdout else ""
+    log_file = _SERVER_LOGS.pop(process.pid, None)
+    if log_file is None:
+        return ""
+    with log_file:
+        log_file.seek(0)
+        return log_file.read()
 
 
 def _percentile(values: list[float], fraction: float) -> float:

@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tensorflow as tf
 
@@ -175,15 +176,18 @@ def build_warmup_records(
     return records
 
 
-def replay_warmup(model_dir: str, records: Sequence[bytes]) -> int:
+def replay_warmup(model_dir: str, records: Sequence[bytes], *, loaded: Any = None) -> int:
     """Runs every warmup record through the SavedModel in `model_dir`, as TF Serving would.
 
+    `loaded` is the already loaded SavedModel of `model_dir`, if the caller has it (a server
+    warms the object it will serve; loading again would double the time a new version takes).
     Returns the number of records answered; raises `PushError` on the first one that fails, so a
     model that cannot answer its own warmup requests is never published.
     """
     from tensorflow_serving.apis import prediction_log_pb2
 
-    loaded = tf.saved_model.load(model_dir)
+    if loaded is None:
+        loaded = tf.saved_model.load(model_dir)
     for index, record in enumerate(records):
         log = prediction_log_pb2.PredictionLog.FromString(record)
         request = log.predict_log.request
@@ -205,27 +209,127 @@ def replay_warmup(model_dir: str, records: Sequence[bytes]) -> int:
     return len(records)
 
 
+# A push refuses a TFLite file whose answers on probe inputs differ from the SavedModel's by more
+# than this (probabilities): float32 differs only by kernel rounding; dynamic-range quantization
+# stores int8 weights. tests/test_serving_push.py holds the same numbers for evaluation rows.
+TFLITE_CHECK_TOLERANCE = {TFLITE_FLOAT32: 1e-4, TFLITE_DYNAMIC_RANGE: 0.05}
+
+
+def _frozen_transformed_module(model_dir: str) -> tuple[tf.Module, Any, Any]:
+    """A module whose `predict_transformed` is the SavedModel's, with its variables as constants.
+
+    Why not `TFLiteConverter.from_saved_model` on the pushed model: measured here, it writes the
+    weight tensors (`.../ReadVariableOp`) as constants with empty data buffers (the 10 KB file
+    held 136 bytes of data), so the interpreter returns NaN; with `experimental_enable_resource_variables`
+    off it is the same. Freezing the concrete function first (`convert_variables_to_constants_v2`)
+    puts the values in the graph. Returns (module, its concrete function, the original signature).
+    """
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    loaded = tf.saved_model.load(model_dir)
+    signature = loaded.signatures[PREDICT_TRANSFORMED]
+    frozen = convert_variables_to_constants_v2(signature)
+    specs = dict(signature.structured_input_signature[1])
+    # The frozen function takes its inputs positionally, named after the signature's inputs.
+    order = [tensor.name.split(":")[0] for tensor in frozen.inputs]
+    if sorted(order) != sorted(specs):
+        raise PushError(
+            f"cannot freeze {PREDICT_TRANSFORMED} of {model_dir} for TFLite: its inputs {sorted(specs)} "
+            f"became {sorted(order)}; nothing was pushed (set serving.tflite=false to push without it)"
+        )
+    output_structure = signature.structured_outputs
+
+    module = tf.Module()
+    module.frozen = frozen
+
+    @tf.function(input_signature=[{name: specs[name] for name in order}])
+    def predict_transformed(features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        outputs = module.frozen(*[features[name] for name in order])
+        return tf.nest.pack_sequence_as(output_structure, tf.nest.flatten(outputs))
+
+    module.predict_transformed = predict_transformed
+    return module, predict_transformed.get_concrete_function(), signature
+
+
+def _probe_inputs(specs: dict[str, tf.TensorSpec], *, batch: int = 8) -> dict[str, Any]:
+    """Deterministic transformed-feature inputs for the TFLite check: z-scores and small ids."""
+    import numpy as np
+
+    probe = {}
+    for index, (name, spec) in enumerate(sorted(specs.items())):
+        shape = [batch, *[1 if d is None else d for d in spec.shape.as_list()[1:]]]
+        if spec.dtype.is_floating:
+            values = np.linspace(-2.0, 2.0, num=int(np.prod(shape))) * (1 if index % 2 else -1)
+            probe[name] = values.reshape(shape).astype(spec.dtype.as_numpy_dtype)
+        elif spec.dtype.is_integer:
+            # Ids 0 and 1: every vocabulary and hash bucket has them.
+            probe[name] = (
+                (np.arange(int(np.prod(shape))) % 2)
+                .reshape(shape)
+                .astype(spec.dtype.as_numpy_dtype)
+            )
+        else:
+            raise PushError(
+                f"the TFLite export takes numeric transformed features; {name!r} is "
+                f"{spec.dtype.name}; set serving.tflite=false for this model"
+            )
+    return probe
+
+
 def export_tflite(model_dir: str, target_dir: str, *, quantize: bool) -> list[str]:
     """Writes TFLite models of the `predict_transformed` signature (the model without Transform).
 
     float32 always; with `quantize`, also a dynamic-range quantized copy (int8 weights, float
     activations). Builtin ops only, so any TFLite interpreter runs them; clients apply the
-    Transform themselves (or call `transform_features` on a server).
+    Transform themselves (or call `transform_features` on a server). Each file's signature is
+    `predict_transformed` with the SavedModel's input and output names.
+
+    Refuses (PushError) a file whose interpreter answers differ from the SavedModel's on probe
+    inputs by more than `TFLITE_CHECK_TOLERANCE`, or are not finite: such a file is not pushed.
     """
+    import tempfile
+
+    import numpy as np
+
+    module, concrete, signature = _frozen_transformed_module(model_dir)
+    specs = dict(signature.structured_input_signature[1])
+    probe = _probe_inputs(specs)
+    expected = signature(**{k: tf.constant(v) for k, v in probe.items()})
     tf.io.gfile.makedirs(target_dir)
     written = []
     variants = [(TFLITE_FLOAT32, False)] + ([(TFLITE_DYNAMIC_RANGE, True)] if quantize else [])
-    for filename, optimize in variants:
-        converter = tf.lite.TFLiteConverter.from_saved_model(
-            model_dir, signature_keys=[PREDICT_TRANSFORMED]
-        )
-        if optimize:
-            converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        blob = converter.convert()
-        path = os.path.join(target_dir, filename)
-        with tf.io.gfile.GFile(path, "wb") as f:
-            f.write(blob)
-        written.append(path)
+    with tempfile.TemporaryDirectory(prefix="fullthrottle-tflite-") as frozen_dir:
+        # Saved with the signature's own name, so the .tflite's signature key is that name too
+        # (from_concrete_functions would call it serving_default).
+        tf.saved_model.save(module, frozen_dir, signatures={PREDICT_TRANSFORMED: concrete})
+        for filename, optimize in variants:
+            converter = tf.lite.TFLiteConverter.from_saved_model(
+                frozen_dir, signature_keys=[PREDICT_TRANSFORMED]
+            )
+            if optimize:
+                converter.optimizations = [tf.lite.Optimize.DEFAULT]
+            blob = converter.convert()
+            interpreter = tf.lite.Interpreter(model_content=blob)
+            runner = interpreter.get_signature_runner(PREDICT_TRANSFORMED)
+            got = runner(**probe)
+            for name, value in expected.items():
+                difference = np.abs(np.asarray(got[name]) - value.numpy())
+                if (
+                    not np.isfinite(got[name]).all()
+                    or difference.max() > TFLITE_CHECK_TOLERANCE[filename]
+                ):
+                    raise PushError(
+                        f"the TFLite model {filename} answers probe inputs differently from the "
+                        f"SavedModel (output {name!r}, max difference {np.nanmax(difference)!r}, "
+                        f"tolerance {TFLITE_CHECK_TOLERANCE[filename]}); nothing was pushed "
+                        "(set serving.tflite=false to push without TFLite files)"
+                    )
+            path = os.path.join(target_dir, filename)
+            with tf.io.gfile.GFile(path, "wb") as f:
+                f.write(blob)
+            written.append(path)
     return written
 
 

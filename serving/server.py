@@ -6,12 +6,20 @@ This module adds only what TF Serving has and KServe's V1 lacks:
 
 - versions: ``POST /v1/models/<name>/versions/<v>:predict`` and TF Serving's status reply for
   ``GET /v1/models/<name>[/versions/<v>]`` (``model_version_status``);
+- TF Serving's metadata reply, ``GET /v1/models/<name>[/versions/<v>]/metadata``: each served
+  signature's inputs and outputs with their dtypes and shapes, so clients can type their values
+  (`fullthrottle predict` reads it to send int64 columns as int64);
 - a request-size limit (413 with ``{"error": ...}``);
 - `VersionedModels`: loads the newest complete versions from the push folder, replays each
   version's warmup records before it takes traffic, and swaps versions in one assignment, so a
   request is answered by either the old or the new version and never fails on the switch.
 
 Model names and versions from a request are looked up in memory, never joined into a path.
+
+Per-request log lines (uvicorn's access log, KServe's timing trace) are off unless asked for:
+about 400 bytes per request written to a pipe nobody drains is how a server stops answering
+(measured: the hot-swap test's server blocked in a log write after ~150 requests once its
+stdout pipe was full; TF Serving does not log requests either).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from typing import Any
 
 import tensorflow as tf
 from fastapi import Request
-from fastapi.responses import JSONResponse, ORJSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving.push import WARMUP_RELATIVE_PATH, replay_warmup, version_dirs
@@ -64,15 +72,15 @@ def is_complete(path: str) -> bool:
 def load_version(version: int, path: str) -> LoadedVersion:
     """Loads one version and replays its warmup records (as TF Serving does) before it serves."""
     loaded = tf.saved_model.load(path)
-    signatures = {
-        name: fn for name, fn in loaded.signatures.items() if name not in _HIDDEN_SIGNATURES
-    }
+    all_signatures = dict(loaded.signatures)
+    signatures = {name: fn for name, fn in all_signatures.items() if name not in _HIDDEN_SIGNATURES}
     input_specs = {name: dict(fn.structured_input_signature[1]) for name, fn in signatures.items()}
     warmup_path = os.path.join(path, WARMUP_RELATIVE_PATH)
     warmed = 0
     if os.path.isfile(warmup_path):
         records = [r.numpy() for r in tf.data.TFRecordDataset(warmup_path)]
-        warmed = replay_warmup(path, records)
+        # Replayed on the object loaded above: the warmed functions are the ones that serve.
+        warmed = replay_warmup(path, records, loaded=loaded)
     # Keep the loaded object alive: the signatures reference its variables.
     return LoadedVersion(version, path, _KeepAlive(signatures, loaded), input_specs, warmed)
 
@@ -195,6 +203,48 @@ def version_status(models: VersionedModels, version: int | None = None) -> dict[
     }
 
 
+def version_metadata(loaded: LoadedVersion, *, model_name: str) -> dict[str, Any]:
+    """TF Serving's `GET /v1/models/<name>[/versions/<v>]/metadata` reply for one version.
+
+    The same JSON shape TF Serving writes (a `SignatureDefMap` in proto3 JSON), for the signatures
+    this server answers: input and output names, dtypes (``DT_INT64``, ...) and shapes.
+    """
+    from tensorflow.core.framework import types_pb2
+
+    def tensor(spec: tf.TensorSpec, name: str) -> dict[str, Any]:
+        shape = spec.shape
+        return {
+            "dtype": types_pb2.DataType.Name(spec.dtype.as_datatype_enum),  # DT_FLOAT, ...
+            "tensor_shape": {
+                "dim": []
+                if shape.rank is None
+                else [{"size": str(-1 if d is None else d), "name": ""} for d in shape.as_list()],
+                "unknown_rank": shape.rank is None,
+            },
+            "name": name,
+        }
+
+    signature_defs = {}
+    for signature, function in loaded.signatures.items():
+        outputs = function.structured_outputs
+        signature_defs[signature] = {
+            "inputs": {
+                name: tensor(spec, name) for name, spec in loaded.input_specs[signature].items()
+            },
+            "outputs": {
+                name: tensor(tf.TensorSpec.from_tensor(value), name)
+                if isinstance(value, tf.Tensor)
+                else tensor(value, name)
+                for name, value in outputs.items()
+            },
+            "method_name": "tensorflow/serving/predict",
+        }
+    return {
+        "model_spec": {"name": model_name, "signature_name": "", "version": str(loaded.version)},
+        "metadata": {"signature_def": {"signature_def": signature_defs}},
+    }
+
+
 class RequestTooLarge(Exception):
     pass
 
@@ -231,6 +281,16 @@ class BodySizeLimit:
             f"the request body has {size} bytes, over this server's limit of {self.max_bytes} "
             "(serving.max_request_bytes); send fewer examples per request"
         )
+
+
+def _client_error(status: int) -> Any:
+    """An exception handler answering `status` with ``{"error": ...}``, logged as one line."""
+
+    async def handler(_: Any, exc: Exception) -> JSONResponse:
+        log.info("%s: %s", status, exc)
+        return JSONResponse(status_code=status, content={"error": str(exc)})
+
+    return handler
 
 
 async def _send_json(send: Any, status: int, body: dict) -> None:
@@ -286,6 +346,7 @@ def install_tf_serving_routes(
     app: Any, dataplane: Any, *, model_name: str, models: VersionedModels, max_request_bytes: int
 ) -> None:
     """Adds TF Serving's version routes and status replies to KServe's app (before its own)."""
+    import orjson
     from kserve.errors import InvalidInput, ModelNotFound
 
     def check_name(requested: str) -> None:
@@ -308,6 +369,25 @@ def install_tf_serving_routes(
             raise ModelNotFound(f"{model_name} version {number}")
         return version_status(models, number)
 
+    def chosen(version: str | None) -> LoadedVersion:
+        loaded = models.versions
+        if version is None:
+            if not loaded:
+                raise ModelNotFound(f"{model_name} (no version is loaded yet)")
+            return loaded[max(loaded)]
+        number = parse_version(version)
+        if number not in loaded:
+            raise ModelNotFound(f"{model_name} version {number}")
+        return loaded[number]
+
+    async def metadata(model_name: str) -> dict:
+        check_name(model_name)
+        return version_metadata(chosen(None), model_name=model_name)
+
+    async def metadata_version(model_name: str, version: str) -> dict:
+        check_name(model_name)
+        return version_metadata(chosen(version), model_name=model_name)
+
     async def predict_version(model_name: str, version: str, request: Request) -> Any:
         check_name(model_name)
         number = parse_version(version)
@@ -319,7 +399,12 @@ def install_tf_serving_routes(
             model_name=model_name, request=decoded, headers=headers
         )
         response_headers.pop("content-length", None)
-        return ORJSONResponse(content=response, headers=response_headers)
+        # orjson, as KServe's own V1 route: a NaN output becomes null instead of a 500.
+        return Response(
+            content=orjson.dumps(response),
+            media_type="application/json",
+            headers=response_headers,
+        )
 
     async def too_large(_: Any, exc: RequestTooLarge) -> JSONResponse:
         return JSONResponse(status_code=413, content={"error": str(exc)})
@@ -338,6 +423,10 @@ def install_tf_serving_routes(
         methods=["POST"],
         response_model=None,
     )
+    app.add_api_route(
+        "/v1/models/{model_name}/versions/{version}/metadata", metadata_version, methods=["GET"]
+    )
+    app.add_api_route("/v1/models/{model_name}/metadata", metadata, methods=["GET"])
     app.add_api_route("/v1/models/{model_name}/versions/{version}", status_version, methods=["GET"])
     app.add_api_route("/v1/models/{model_name}", status, methods=["GET"])
     app.add_exception_handler(RequestTooLarge, too_large)
@@ -354,8 +443,13 @@ def run_server(
     max_request_bytes: int,
     poll_seconds: float,
     serve_versions: int,
+    access_log: bool = False,
 ) -> None:
-    """Serves until SIGINT/SIGTERM. Raises FileNotFoundError when no complete version exists."""
+    """Serves until SIGINT/SIGTERM. Raises FileNotFoundError when no complete version exists.
+
+    `access_log` turns on one log line per request (uvicorn's access log and KServe's timing
+    trace); off, only start-up, version switches and errors are logged.
+    """
     models = VersionedModels(serving_dir, serve_versions=serve_versions)
     models.refresh()
     newest = models.newest()
@@ -365,12 +459,17 @@ def run_server(
     saved_argv, sys.argv = sys.argv, sys.argv[:1]
     try:
         from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+        from kserve.errors import InvalidInput, ModelNotFound
         from kserve.model_server import ModelServer, app
         from kserve.protocol.rest.server import RESTServer
     finally:
         sys.argv = saved_argv
 
     server = ModelServer(http_port=port, enable_grpc=False, workers=1, enable_latency_logging=False)
+    if not access_log:
+        # ModelServer configured KServe's logging just now; these two loggers write per request.
+        for name in ("uvicorn.access", "kserve.trace"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     server.register_model(make_kserve_model(model_name, models))
     install_tf_serving_routes(
         app,
@@ -379,7 +478,18 @@ def run_server(
         models=models,
         max_request_bytes=max_request_bytes,
     )
-    rest = RESTServer(
+
+    class TFServingRESTServer(RESTServer):
+        """KServe's REST server, except that a client's mistake (4xx) logs no stack trace."""
+
+        def _add_exception_handlers(self, fastapi_app: Any) -> None:
+            super()._add_exception_handlers(fastapi_app)
+            # KServe logs every InvalidInput / ModelNotFound with its traceback at ERROR: a bad
+            # request would fill the log with server-side traces of nothing wrong on the server.
+            fastapi_app.add_exception_handler(InvalidInput, _client_error(400))
+            fastapi_app.add_exception_handler(ModelNotFound, _client_error(404))
+
+    rest = TFServingRESTServer(
         FASTAPI_APP_IMPORT_STRING,
         server.dataplane,
         server.model_repository_extension,

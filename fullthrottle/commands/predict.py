@@ -1,9 +1,16 @@
 """`fullthrottle predict`: send CSV rows or JSON to a model server and print the predictions.
 
-CSV rows become tf.Examples typed by the config's data spec (missing cells left out, as
-CsvExampleGen does), sent to ``serving_default``; JSON is either a whole TF Serving request body
-or a list of feature objects (sent to ``predict_raw``). REST works with `fullthrottle serve` and
-TF Serving; ``--grpc`` uses TF Serving's PredictionService through tensorflow-serving-api.
+CSV rows become tf.Examples sent to ``serving_default``. Each cell is typed as the model declares
+its raw input (``predict_raw``'s dtypes, read from the server's metadata route
+``GET /v1/models/<name>/metadata`` or gRPC ``GetModelMetadata``, both TF Serving's): int64
+inputs get int64 values (``3750`` and ``3750.0`` are 3750; ``3750.5`` is refused naming the line
+and column), float inputs floats, strings bytes. A server without that route (or a model without
+``predict_raw``) gets cells typed by the config's data spec, numbers as floats, with a note.
+Missing cells (empty or ``data.na_values``) are left out of the tf.Example, as CsvExampleGen does;
+if the model requires that feature, the server's refusal is reported with the CSV line.
+JSON is either a whole TF Serving request body or a list of feature objects (sent to
+``predict_raw``). REST works with `fullthrottle serve` and TF Serving; ``--grpc`` uses TF
+Serving's PredictionService through tensorflow-serving-api.
 """
 
 from __future__ import annotations
@@ -12,9 +19,11 @@ import argparse
 import base64
 import csv
 import json
+import re
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,65 +80,203 @@ def _read(path: str) -> str:
     return file.read_text(encoding="utf-8")
 
 
-def csv_to_examples(text: str, config: Config, *, source: str) -> list[bytes]:
-    """Serialized tf.Examples for CSV rows, typed by the data spec; missing cells are left out."""
+# TF Serving's dtype names (DataType enum) -> the tf.Example list a value of that dtype goes in.
+_EXAMPLE_KIND = {
+    "DT_INT64": "int",
+    "DT_INT32": "int",
+    "DT_INT16": "int",
+    "DT_INT8": "int",
+    "DT_UINT8": "int",
+    "DT_FLOAT": "float",
+    "DT_DOUBLE": "float",
+    "DT_HALF": "float",
+    "DT_BFLOAT16": "float",
+    "DT_STRING": "bytes",
+}
+
+
+def raw_input_kinds(metadata: Mapping[str, Any]) -> dict[str, str] | None:
+    """Feature -> "int" / "float" / "bytes" from a TF Serving metadata reply's `predict_raw`.
+
+    None when the reply has no `predict_raw` signature (a model not exported by fullthrottle).
+    """
+    try:
+        signature_defs = metadata["metadata"]["signature_def"]["signature_def"]
+    except (KeyError, TypeError):
+        return None
+    raw = signature_defs.get("predict_raw") if isinstance(signature_defs, dict) else None
+    if not raw:
+        return None
+    kinds = {}
+    for name, tensor in raw.get("inputs", {}).items():
+        dtype = tensor.get("dtype", "")
+        if dtype not in _EXAMPLE_KIND:
+            raise ServingError(
+                f"the model's raw input {name!r} has dtype {dtype}, which a CSV cell cannot fill"
+            )
+        kinds[name] = _EXAMPLE_KIND[dtype]
+    return kinds
+
+
+def _cell_feature(cell: str, kind: str, *, where: str, name: str) -> Any:
+    """One CSV cell as a tf.train.Feature of the kind the model takes; DataError if it cannot be."""
+    import tensorflow as tf
+
+    if kind == "bytes":
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[cell.encode("utf-8")]))
+    try:
+        number = float(cell)
+    except ValueError:
+        raise DataError(f"{where}: column {name!r} is numeric, got {cell!r}") from None
+    if kind == "float":
+        return tf.train.Feature(float_list=tf.train.FloatList(value=[number]))
+    if not number.is_integer():  # also refuses inf and nan
+        raise DataError(
+            f"{where}: column {name!r} takes whole numbers (the model's input is an integer), "
+            f"got {cell!r}; fix the cell or leave it empty if it is unknown"
+        )
+    return tf.train.Feature(int64_list=tf.train.Int64List(value=[int(number)]))
+
+
+def csv_to_examples(
+    text: str, config: Config, *, source: str, kinds: Mapping[str, str] | None = None
+) -> tuple[list[bytes], list[int]]:
+    """Serialized tf.Examples for CSV rows, and the CSV line number of each.
+
+    `kinds` (feature -> "int" / "float" / "bytes", from the model's metadata) decides the
+    features and their types; without it the config's data spec does (numbers as floats).
+    Missing cells (empty or `data.na_values`) are left out of the example.
+    """
     import tensorflow as tf
 
     spec = config.data
+    if kinds is None:
+        numeric = set(spec.numeric)
+        kinds = {name: "float" if name in numeric else "bytes" for name in spec.feature_columns}
     reader = csv.DictReader(text.splitlines())
     columns = set(reader.fieldnames or [])
-    missing = [c for c in spec.feature_columns if c not in columns]
+    missing = [c for c in kinds if c not in columns]
     if missing:
         raise DataError(
-            f"{source}: the CSV header lacks the feature column(s) {missing}; it has {sorted(columns)}"
+            f"{source}: the CSV header lacks the feature column(s) {missing} the model takes; "
+            f"it has {sorted(columns)}"
         )
-    numeric = set(spec.numeric)
-    examples = []
-    for line, row in enumerate(reader, start=2):
+    examples, lines = [], []
+    for row in reader:
+        line = reader.line_num
         features = {}
-        for name in spec.feature_columns:
+        for name, kind in kinds.items():
             cell = (row.get(name) or "").strip()
             if cell == "" or cell in spec.na_values:
                 continue
-            if name in numeric:
-                try:
-                    features[name] = tf.train.Feature(
-                        float_list=tf.train.FloatList(value=[float(cell)])
-                    )
-                except ValueError:
-                    raise DataError(
-                        f"{source}, line {line}: column {name!r} is numeric, got {cell!r}"
-                    ) from None
-            else:
-                features[name] = tf.train.Feature(
-                    bytes_list=tf.train.BytesList(value=[cell.encode("utf-8")])
-                )
+            features[name] = _cell_feature(cell, kind, where=f"{source}, line {line}", name=name)
         examples.append(
             tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
         )
+        lines.append(line)
     if not examples:
         raise DataError(f"{source}: no data rows after the header")
-    return examples
+    return examples, lines
 
 
-def request_body(args: argparse.Namespace, config: Config) -> dict[str, Any]:
-    """The TF Serving REST body for the input given on the command line."""
+def request_body(
+    args: argparse.Namespace, config: Config, *, kinds: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], list[int]]:
+    """The TF Serving REST body for the input given on the command line, and CSV line numbers."""
     if args.csv:
-        examples = csv_to_examples(_read(args.csv), config, source=args.csv)
-        return {
+        examples, lines = csv_to_examples(_read(args.csv), config, source=args.csv, kinds=kinds)
+        body = {
             "signature_name": "serving_default",
             "instances": [{"b64": base64.b64encode(e).decode()} for e in examples],
         }
+        return body, lines
     try:
         data = json.loads(_read(args.json))
     except json.JSONDecodeError as exc:
         raise DataError(f"{args.json} is not valid JSON: {exc}") from None
     if isinstance(data, list):
-        return {"signature_name": "predict_raw", "instances": data}
+        return {"signature_name": "predict_raw", "instances": data}, []
     if isinstance(data, dict):
-        return data
+        return data, []
     raise DataError(
         f"{args.json} must hold a request body (an object) or a list of feature objects"
+    )
+
+
+def metadata_rest(url: str, *, timeout: float) -> dict[str, Any] | None:
+    """TF Serving's metadata reply at `url`; None when the server has no such route (404)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise ServingError(
+            f"the server at {url} answered {exc.code}: {exc.read().decode('utf-8', 'replace')[:300]}"
+        ) from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ServingError(
+            f"cannot reach {url}: {reason}; is `fullthrottle serve` (or TF Serving) running there?"
+        ) from None
+    except json.JSONDecodeError:
+        return None
+
+
+def metadata_grpc(
+    target: str, *, model_name: str, version: int | None, timeout: float
+) -> dict[str, Any] | None:
+    """TF Serving's gRPC GetModelMetadata, as the REST reply's JSON. Not tested here (no TF Serving)."""
+    import grpc
+    from google.protobuf import json_format
+    from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
+
+    request = get_model_metadata_pb2.GetModelMetadataRequest()
+    request.model_spec.name = model_name
+    if version is not None:
+        request.model_spec.version.value = version
+    request.metadata_field.append("signature_def")
+    with grpc.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        try:
+            response = stub.GetModelMetadata(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.NOT_FOUND):
+                return None
+            raise ServingError(
+                f"gRPC GetModelMetadata at {target} failed: {exc.code().name}: {exc.details()}"
+            ) from None
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    response.metadata["signature_def"].Unpack(signature_map)
+    return {"metadata": {"signature_def": json_format.MessageToDict(signature_map)}}
+
+
+# A serving_default refusal for a missing feature names the feature but not the example:
+# "Feature: island (data type: string) is required but could not be found."
+_REQUIRED_FEATURE = re.compile(r"Feature: (?P<key>[\w.-]+) \(data type: \w+\) is required")
+
+
+def _with_csv_line(
+    error: ServingError, *, examples: list[bytes], lines: list[int], source: str
+) -> ServingError:
+    """Adds the CSV line and column to a server refusal of a missing required feature."""
+    import tensorflow as tf
+
+    found = _REQUIRED_FEATURE.search(str(error))
+    if not found:
+        return error
+    key = found["key"]
+    lacking = [
+        line
+        for example, line in zip(examples, lines, strict=True)
+        if key not in tf.train.Example.FromString(example).features.feature
+    ]
+    if not lacking:
+        return error
+    shown = ", ".join(str(line) for line in lacking[:10]) + (" ..." if len(lacking) > 10 else "")
+    return ServingError(
+        f"{error} In {source}, column {key!r} is empty or missing on line(s) {shown}: the model "
+        "needs it in every row; fill in those cells"
     )
 
 
@@ -206,19 +353,41 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     model_name = args.model_name or config.model_name
     _check_name(model_name, "--model-name")
-    body = request_body(args, config)
-    if args.grpc:
-        response = predict_grpc(
-            args.grpc, body, model_name=model_name, version=args.version, timeout=args.timeout
-        )
-    else:
-        base = (args.url or f"http://{config.serving.host}:{config.serving.rest_port}").rstrip("/")
-        path = (
-            f"/v1/models/{model_name}"
-            + (f"/versions/{args.version}" if args.version is not None else "")
-            + ":predict"
-        )
-        response = predict_rest(base + path, body, timeout=args.timeout)
+    version_path = f"/versions/{args.version}" if args.version is not None else ""
+    base = (args.url or f"http://{config.serving.host}:{config.serving.rest_port}").rstrip("/")
+    kinds = None
+    if args.csv:
+        # Type the cells as the served model declares its raw inputs (int64 columns stay int64).
+        if args.grpc:
+            metadata = metadata_grpc(
+                args.grpc, model_name=model_name, version=args.version, timeout=args.timeout
+            )
+        else:
+            metadata = metadata_rest(
+                f"{base}/v1/models/{model_name}{version_path}/metadata", timeout=args.timeout
+            )
+        kinds = raw_input_kinds(metadata) if metadata is not None else None
+        if kinds is None:
+            print(
+                "fullthrottle predict: note: the server did not describe the model's raw inputs "
+                "(no metadata route or no predict_raw signature); CSV cells are typed by the "
+                "config's data spec, numbers as floats",
+                file=sys.stderr,
+            )
+    body, lines = request_body(args, config, kinds=kinds)
+    try:
+        if args.grpc:
+            response = predict_grpc(
+                args.grpc, body, model_name=model_name, version=args.version, timeout=args.timeout
+            )
+        else:
+            url = f"{base}/v1/models/{model_name}{version_path}:predict"
+            response = predict_rest(url, body, timeout=args.timeout)
+    except ServingError as exc:
+        if args.csv:
+            examples = [base64.b64decode(i["b64"]) for i in body["instances"]]
+            raise _with_csv_line(exc, examples=examples, lines=lines, source=args.csv) from None
+        raise
     rows = _rows(response)
     if args.output == "json":
         print(json.dumps(rows))

@@ -51,6 +51,11 @@ def register(sub: Any) -> argparse.ArgumentParser:
     parser.add_argument("--host", help="address to listen on (default: serving.host, 127.0.0.1)")
     parser.add_argument("--port", type=int, help="REST port (default: serving.rest_port, 8501)")
     parser.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log one line per request (off by default, as in TF Serving; KServe engine only)",
+    )
+    parser.add_argument(
         "--engine",
         choices=("auto", "kserve", "tfserving"),
         default="auto",
@@ -102,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         max_request_bytes=config.serving.max_request_bytes,
         poll_seconds=config.serving.poll_seconds,
         serve_versions=config.serving.serve_versions,
+        access_log=args.access_log,
     )
     return 0
 

@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,7 +245,8 @@ def _frozen_transformed_module(model_dir: str) -> tuple[tf.Module, Any, Any]:
     module = tf.Module()
     module.frozen = frozen
 
-    @tf.function(input_signature=[{name: specs[name] for name in order}])
+    # No control flow to convert: autograph off (it would only rewrite the list comprehension).
+    @tf.function(input_signature=[{name: specs[name] for name in order}], autograph=False)
     def predict_transformed(features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         outputs = module.frozen(*[features[name] for name in order])
         return tf.nest.pack_sequence_as(output_structure, tf.nest.flatten(outputs))
@@ -311,7 +313,10 @@ def export_tflite(model_dir: str, target_dir: str, *, quantize: bool) -> list[st
             if optimize:
                 converter.optimizations = [tf.lite.Optimize.DEFAULT]
             blob = converter.convert()
-            interpreter = tf.lite.Interpreter(model_content=blob)
+            with warnings.catch_warnings():
+                # Its successor (ai_edge_litert) is not in the lock; TF 2.21's still works.
+                warnings.filterwarnings("ignore", "(?s).*tf.lite.Interpreter is deprecated")
+                interpreter = tf.lite.Interpreter(model_content=blob)
             runner = interpreter.get_signature_runner(PREDICT_TRANSFORMED)
             got = runner(**probe)
             for name, value in expected.items():

@@ -160,6 +160,8 @@ def test_unblessed_model_is_not_pushed(penguins_run, tmp_path):
 TFLITE_TOLERANCE = {TFLITE_FLOAT32: 1e-4, TFLITE_DYNAMIC_RANGE: 0.05}
 
 
+# tf.lite.Interpreter warns that it moves to ai_edge_litert, which is not in the lock.
+@pytest.mark.filterwarnings("ignore:(?s).*tf.lite.Interpreter is deprecated:UserWarning")
 def test_tflite_matches_the_saved_model_on_eval_rows(penguins_run, tmp_path):
     last, pushed_dir = _pushed(penguins_run)
     result = push_model(

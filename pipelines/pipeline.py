@@ -28,16 +28,21 @@ from trainer_module.features import transformed_name
 
 PREPROCESSING_FN = "trainer_module.transform.preprocessing_fn"
 RUN_FN = "trainer_module.run.run_fn"
-_CODE_PACKAGES = ("trainer_module", "serving")
+# The code each component runs by dotted name. Dotted-name user code is not fingerprinted by
+# TFX (a module_file would be), so without these an edited trainer would hit a stale cache; each
+# component hashes only its own code, so editing the model server does not retrain.
+TRANSFORM_CODE = ("trainer_module/transform.py", "trainer_module/features.py")
+TRAINER_CODE = ("trainer_module", "serving/signatures.py")
 
 
-def code_fingerprint() -> str:
-    """Hash of the code Transform and Trainer run. Dotted-name user code is not fingerprinted by
-    TFX (a module_file would be), so without this an edited trainer would hit a stale cache."""
+def code_fingerprint(paths: Sequence[str] = TRAINER_CODE) -> str:
+    """Hash of the Python files under `paths` (files or packages, relative to the project)."""
     digest = hashlib.sha256()
     root = Path(__file__).resolve().parent.parent
-    for package in _CODE_PACKAGES:
-        for path in sorted((root / package).rglob("*.py")):
+    for entry in paths:
+        target = root / entry
+        files = sorted(target.rglob("*.py")) if target.is_dir() else [target]
+        for path in files:
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -159,13 +164,13 @@ def create_pipeline(
     validated_schema = data_gate.outputs["validated_schema"]
     # --- end reliability ---
 
-    fingerprint = code_fingerprint()
+    fingerprint = code_fingerprint(TRAINER_CODE)
     data_config = _plain(dataclasses.asdict(spec))
     transform = tfx.components.Transform(
         examples=example_gen.outputs["examples"],
         schema=validated_schema,  # issue 8: gated
         preprocessing_fn=PREPROCESSING_FN,
-        custom_config={"data": data_config, "code_fingerprint": fingerprint},
+        custom_config={"data": data_config, "code_fingerprint": code_fingerprint(TRANSFORM_CODE)},
     )
     trainer = (trainer_factory or tfx.components.Trainer)(
         run_fn=RUN_FN,

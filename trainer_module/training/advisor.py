@@ -155,13 +155,14 @@ def _input_advice(config: TrainingConfig, device: DeviceFacts) -> list[dict[str,
                 "in parallel as there are cores (needs several input files)",
             )
         )
-    if not config.cache:
+    if config.cache is not True:
         advice.append(
             _item(
                 "cache",
                 True,
-                "reads and decompresses each record once, then serves the next epochs from memory "
-                "(the transformed training split must fit in RAM)",
+                "reads and parses each record once, then serves every epoch from memory as "
+                "shuffled gathers ('auto' does this only when the files are small next to RAM; "
+                "the transformed training split must fit in RAM)",
             )
         )
     if config.prefetch_buffer_size is not None:

@@ -105,7 +105,9 @@ class TrainingConfig:
     shuffle_buffer_size: int = 10_000  # 0 = no record shuffle
     interleave_cycle_length: int | None = None
     num_parallel_calls: int | None = None
-    cache: bool = False
+    # True / False, or "auto": cache when the training files are small relative to RAM
+    # (inputs.resolve_cache: compressed bytes x 20 <= 10% of physical RAM).
+    cache: bool | str = "auto"
     prefetch_buffer_size: int | None = None
     deterministic_input: bool | None = None  # None = same as `deterministic`
     resume_data: str = "skip"  # "skip": replay the seeded order up to the step; "reseed"
@@ -142,6 +144,12 @@ class TrainingConfig:
             "resume_data",
             f"must be one of {RESUME_DATA}",
             self.resume_data,
+        )
+        r(
+            self.cache is True or self.cache is False or self.cache == "auto",
+            "cache",
+            "must be true, false or 'auto'",
+            self.cache,
         )
         r(
             self.transformer_pooling in ("mean", "cls"),

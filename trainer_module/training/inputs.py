@@ -2,8 +2,13 @@
 
 Order of stages (each placed where it is cheapest):
   file list (sorted, sharded per input pipeline, seeded shuffle) -> interleave(AUTOTUNE)
-  -> [cache] -> repeat -> record shuffle -> batch -> [skip on resume] -> vectorized
+  -> repeat -> record shuffle -> batch -> [skip on resume] -> vectorized
   parse_example (one op per batch, not per record) -> prefetch(AUTOTUNE) last.
+
+Cached (``cache`` True, or "auto" and the training files are small, see :func:`resolve_cache`):
+  the records are read and parsed ONCE (one ParseExample over all of them) into memory; every
+  epoch is then one gather per feature by a seeded permutation, sliced into batches by
+  ``rebatch``. No per-record work after the first epoch, and a full shuffle (not a buffer).
 
 Owns: reading, sharding, shuffling, batching, parsing. Refuses: a feature_spec that lacks a
 feature the model needs, or declares it with the wrong shape/dtype.
@@ -11,6 +16,7 @@ feature the model needs, or declares it with the wrong shape/dtype.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
@@ -19,6 +25,42 @@ from trainer_module.training.config import ModelInputs, TrainingConfig
 from trainer_module.training.errors import InputDataError
 
 AUTOTUNE = tf.data.AUTOTUNE
+
+# `cache: auto` caches when (compressed training bytes x CACHE_AUTO_EXPANSION) fits in
+# CACHE_AUTO_RAM_FRACTION of physical RAM. 20x is a generous upper bound on parsed tensors per
+# gzip-compressed byte (gzip shrinks tf.Examples 3-10x; parsed tensors are smaller than the
+# serialized protos, which repeat every feature name per record), so auto never fills RAM.
+CACHE_AUTO_EXPANSION = 20
+CACHE_AUTO_RAM_FRACTION = 0.10
+
+
+def _physical_ram_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):
+        return 0
+
+
+def resolve_cache(config: TrainingConfig, files: Sequence[str]) -> tuple[bool, str]:
+    """Whether the training input is cached in memory, and why (for logs and the advisor).
+
+    ``cache`` True/False is obeyed; "auto" caches when the files' total size times
+    ``CACHE_AUTO_EXPANSION`` is at most ``CACHE_AUTO_RAM_FRACTION`` of physical RAM. A file
+    whose size cannot be read (a remote store that refuses stat) means no cache.
+    """
+    if config.cache is True or config.cache is False:
+        return config.cache, f"set in config (cache={config.cache!r})"
+    try:
+        total = sum(tf.io.gfile.stat(str(f)).length for f in files)
+    except (tf.errors.OpError, OSError):
+        return False, "auto: could not read the training files' sizes"
+    budget = CACHE_AUTO_RAM_FRACTION * _physical_ram_bytes()
+    estimate = total * CACHE_AUTO_EXPANSION
+    verdict = estimate <= budget
+    return verdict, (
+        f"auto: {total:,} bytes of training files x {CACHE_AUTO_EXPANSION} = {estimate:,} "
+        f"{'<=' if verdict else '>'} {CACHE_AUTO_RAM_FRACTION:.0%} of RAM ({budget:,.0f})"
+    )
 
 
 def validate_feature_spec(
@@ -82,33 +124,7 @@ def make_dataset(
     deterministic = config.input_deterministic or record_shard
     seed = config.seed + seed_offset
 
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if training and config.shuffle_files and len(files) > 1:
-        # Same seed on every worker: file order only matters within a pipeline's own shard.
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if training and not config.cache:
-        ds = ds.repeat()  # repeat the file list, so each epoch reshuffles the files
-    compression_type = compression or ""
-    ds = ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type),
-        cycle_length=config.interleave_cycle_length,  # None = AUTOTUNE (CPU count)
-        num_parallel_calls=AUTOTUNE,
-        deterministic=deterministic,
-    )
-    if record_shard:
-        ds = ds.shard(n_pipes, pipe_id)
-    if config.cache:
-        ds = ds.cache()  # raw records, before shuffle, so each epoch still shuffles
-        if training:
-            ds = ds.repeat()
-    if training and config.shuffle_buffer_size > 0:
-        ds = ds.shuffle(
-            config.shuffle_buffer_size, seed=seed + 7919 * pipe_id, reshuffle_each_iteration=True
-        )
-    ds = ds.batch(batch_size, drop_remainder=training)
-    if skip_batches:
-        ds = ds.skip(skip_batches)
-
+    cache = training and resolve_cache(config, files)[0]
     spec = dict(feature_spec)
     keep = model_inputs.feature_names
     label_key = model_inputs.label
@@ -118,17 +134,80 @@ def make_dataset(
         parsed = tf.io.parse_example(serialized, spec)
         return {k: parsed[k] for k in keep}, parsed[label_key]
 
-    ds = ds.map(
-        parse,
-        num_parallel_calls=config.num_parallel_calls or AUTOTUNE,
-        deterministic=deterministic,
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if training and config.shuffle_files and len(files) > 1 and not cache:
+        # Same seed on every worker: file order only matters within a pipeline's own shard.
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if training and not cache:
+        ds = ds.repeat()  # repeat the file list, so each epoch reshuffles the files
+    compression_type = compression or ""
+    ds = ds.interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type),
+        # A cached read happens once: a deterministic order makes the epochs' permutations
+        # (seeded, over row positions) reproducible whatever the thread timing.
+        cycle_length=config.interleave_cycle_length,  # None = AUTOTUNE (CPU count)
+        num_parallel_calls=AUTOTUNE,
+        deterministic=deterministic or cache,
     )
+    if record_shard:
+        ds = ds.shard(n_pipes, pipe_id)
+    if cache:
+        ds = _cached_epochs(
+            ds,
+            parse,
+            batch_size=batch_size,
+            shuffle=config.shuffle_buffer_size > 0,
+            seed=seed + 7919 * pipe_id,
+        )
+        if skip_batches:
+            ds = ds.skip(skip_batches)  # a skipped batch is a slice: nothing is read
+    else:
+        if training and config.shuffle_buffer_size > 0:
+            ds = ds.shuffle(
+                config.shuffle_buffer_size,
+                seed=seed + 7919 * pipe_id,
+                reshuffle_each_iteration=True,
+            )
+        ds = ds.batch(batch_size, drop_remainder=training)
+        if skip_batches:
+            ds = ds.skip(skip_batches)
+        ds = ds.map(
+            parse,
+            num_parallel_calls=config.num_parallel_calls or AUTOTUNE,
+            deterministic=deterministic,
+        )
     options = tf.data.Options()
     options.deterministic = deterministic
     # We shard ourselves (by file, above); TF's auto-sharding would shard a second time.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     ds = ds.with_options(options)
     return ds.prefetch(config.prefetch_buffer_size or AUTOTUNE)
+
+
+def _cached_epochs(
+    records: tf.data.Dataset, parse, *, batch_size: int, shuffle: bool, seed: int
+) -> tf.data.Dataset:
+    """Endless full batches from records parsed once and held in memory.
+
+    Epoch ``e`` is the table permuted by the order drawn from ``(seed, e)`` (stateless, so a
+    resumed run replays it exactly): one gather per feature per EPOCH. ``rebatch`` then slices
+    the concatenated epochs into batches (no per-record work), so a batch may span an epoch
+    boundary exactly like ``repeat -> batch`` does, and 1 replica x 2b sees the same examples
+    as 2 replicas x b.
+    """
+    # int32 max rows: one ParseExample over every record of this pipeline, once.
+    table = records.batch(2**31 - 1).map(parse).cache()
+
+    def permuted(epoch, data):
+        if not shuffle:
+            return data
+        rows = tf.shape(data[1], out_type=tf.int64)[0]
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(rows), seed=tf.stack([tf.constant(seed, tf.int64), epoch])
+        )
+        return tf.nest.map_structure(lambda t: tf.gather(t, order), data)
+
+    return table.repeat().enumerate().map(permuted).rebatch(batch_size, drop_remainder=True)
 
 
 def make_distributed_dataset(

@@ -38,7 +38,6 @@ import pytest
 import tensorflow as tf
 
 from fullthrottle.progress import read_component_states
-from pipelines.pipeline import code_fingerprint
 from serving.push import version_dirs
 from tests.helpers import REPO, eval_split_examples, last_run, strip_label
 
@@ -56,10 +55,10 @@ RUN_ARGS = (
     "--set",
     "training.steps_per_loop=10",
 )
-# The Pusher's execution lasted about 1.5 s in MLMD on the shared 2-core machine, counted from
-# before its output folder exists; kills drawn over 1.2 s from that folder's creation mostly land
-# inside it (where each landed is classified, not assumed).
-PUSHER_KILL_WINDOW_SECONDS = 1.2
+# The Pusher's execution took 1.5 s and 4.8 s in two runs here (the push's own checks changed in
+# between): its length is measured in the campaign by one push of the same model with the same
+# settings (`_calibrate_push`), and random kills are drawn over 1.1x that from the Pusher's start.
+PUSHER_WINDOW_MARGIN = 1.1
 PHASE_TIMEOUT_SECONDS = 420
 _RESUMED = re.compile(r"\[trainer\] start step (\d+)/(\d+)")
 _CKPT = re.compile(r"ckpt-(\d+)\.index$")
@@ -68,11 +67,12 @@ _CKPT = re.compile(r"ckpt-(\d+)\.index$")
 class PipelineProcess:
     """One `fullthrottle run` in its own session; its output lines are collected by a thread."""
 
-    def __init__(self, output_dir: Path) -> None:
+    def __init__(self, output_dir: Path, code: Path) -> None:
         env = dict(os.environ)
-        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = str(code) + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.lines: list[str] = []
+        self.mlmd_states: dict[str, str] = {}  # after a kill: this run's components in MLMD
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -83,7 +83,7 @@ class PipelineProcess:
                 str(output_dir),
                 *RUN_ARGS,
             ],
-            cwd=REPO,
+            cwd=code,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -228,8 +228,8 @@ class Campaign:
     final_exit: int | None = None
     poller: PushPoller | None = None
     log: list[str] = field(default_factory=list)
-    code_before: str = ""
-    code_after: str = ""
+    push_seconds: float | None = None
+    code: Path = REPO
 
     def note(self, text: str) -> None:
         self.log.append(text)
@@ -237,7 +237,7 @@ class Campaign:
 
 
 def _kill_during_transform(c: Campaign, rng: random.Random) -> None:
-    run = PipelineProcess(c.output_dir)
+    run = PipelineProcess(c.output_dir, c.code)
     run.wait_for(lambda: "Transform" in run.component_states(), what="Transform started", poll=0.05)
     delay = rng.uniform(2.0, 8.0)  # Transform took 28-50 s here: the kill lands well inside it
     time.sleep(delay)
@@ -252,7 +252,7 @@ def _kill_during_transform(c: Campaign, rng: random.Random) -> None:
 def _kill_during_trainer(c: Campaign, rng: random.Random) -> None:
     resumed_from = 0
     for index in range(TRAINER_KILLS):
-        run = PipelineProcess(c.output_dir)
+        run = PipelineProcess(c.output_dir, c.code)
         c.reruns.append(run)
         low = resumed_from + 10
         high = min(resumed_from + 60, TRAIN_STEPS - 2 * CHECKPOINT_EVERY)
@@ -266,6 +266,7 @@ def _kill_during_trainer(c: Campaign, rng: random.Random) -> None:
         seen = _newest_checkpoint(c.pipeline_root)
         time.sleep(rng.uniform(0.0, 0.03))
         run.kill()
+        run.mlmd_states = _mlmd_states(c.output_dir / "metadata" / "fullthrottle-penguins.sqlite")
         on_disk = _newest_checkpoint(c.pipeline_root)
         start = [int(m.group(1)) for line in run.lines if (m := _RESUMED.search(line))]
         kill = {
@@ -286,7 +287,9 @@ def _kill_during_trainer(c: Campaign, rng: random.Random) -> None:
         resumed_from = on_disk
 
 
-def _classify_push_kill(c: Campaign, *, versions_before: list[str]) -> str:
+def _classify_push_kill(
+    c: Campaign, *, versions_before: list[str], entries_before: list[str]
+) -> str:
     entries = _serving_entries(c.serving_dir)
     versions = [e for e in entries if e.isdigit()]
     state = _mlmd_states(c.output_dir / "metadata" / "fullthrottle-penguins.sqlite").get("Pusher")
@@ -294,7 +297,8 @@ def _classify_push_kill(c: Campaign, *, versions_before: list[str]) -> str:
         return "after the Pusher completed"
     if len(versions) > len(versions_before):
         return "after publishing, before TFX recorded the push"
-    if any(e.startswith(".staging-") for e in entries):
+    # A staging folder of this run (an earlier kill's is only removed when the push starts).
+    if any(e.startswith(".staging-") and e not in entries_before for e in entries):
         return "mid-push (staging folder being written)"
     return "Pusher started, before staging"
 
@@ -311,7 +315,32 @@ def _versions(c: Campaign) -> list[str]:
     return [e for e in _serving_entries(c.serving_dir) if e.isdigit()]
 
 
-def _kill_during_pusher(c: Campaign, rng: random.Random) -> None:
+def _calibrate_push(c: Campaign, run: PipelineProcess, scratch: Path) -> None:
+    """Times one push of the Trainer's model, with the pipeline's settings, while Evaluator runs."""
+    from fullthrottle.config import ServingConfig
+    from serving.push import push_model
+
+    run.wait_for(
+        lambda: run.component_states().get("Trainer") == "complete", what="the Trainer", poll=0.05
+    )
+    models = glob.glob(
+        str(c.pipeline_root / "Trainer" / "model" / "*" / "Format-Serving" / "saved_model.pb")
+    )
+    assert models, "the Trainer completed without a model"
+    examples = eval_split_examples({"pipeline_root": str(c.pipeline_root)}, limit=256)
+    started = time.monotonic()
+    push_model(
+        model_dir=os.path.dirname(max(models, key=os.path.getmtime)),
+        serving_dir=str(scratch / "calibration"),
+        model_name="penguins",
+        warmup_examples=[strip_label(e, "species") for e in examples],
+        warmup_count=ServingConfig().warmup_requests,
+    )
+    c.push_seconds = time.monotonic() - started
+    c.note(f"one push of this model took {c.push_seconds:.2f} s in the test process")
+
+
+def _kill_during_pusher(c: Campaign, rng: random.Random, scratch: Path) -> None:
     """Random kills inside the Pusher's execution, then one right after a version appears.
 
     The targeted kill runs only while no version has been published yet: once one is (by it or
@@ -330,7 +359,8 @@ def _kill_during_pusher(c: Campaign, rng: random.Random) -> None:
         outputs = c.pipeline_root / "Pusher" / "pushed_model"
         known = set(os.listdir(outputs)) if outputs.exists() else set()
         versions_before = _versions(c)
-        run = PipelineProcess(c.output_dir)
+        entries_before = _serving_entries(c.serving_dir)
+        run = PipelineProcess(c.output_dir, c.code)
         c.reruns.append(run)
         if targeted:
             # Right after a new version folder appears: published, not yet recorded by TFX.
@@ -341,15 +371,27 @@ def _kill_during_pusher(c: Campaign, rng: random.Random) -> None:
             )
             delay = None
         else:
-            run.wait_for(_pusher_started(c, known), what="the Pusher's execution")
+            if c.push_seconds is None:
+                _calibrate_push(c, run, scratch)
             if c.poller is None:
                 examples = eval_split_examples({"pipeline_root": str(c.pipeline_root)}, limit=8)
                 c.poller = PushPoller(c.serving_dir, [strip_label(e, "species") for e in examples])
                 c.poller.start()
-            delay = rng.uniform(0.0, PUSHER_KILL_WINDOW_SECONDS)
-            time.sleep(delay)
+            run.wait_for(_pusher_started(c, known), what="the Pusher's execution")
+            started_at = max(
+                os.stat(outputs / n).st_ctime for n in set(os.listdir(outputs)) - known
+            )
+            # Measured from the creation of the Pusher's output folder (wall clock, as ctime is).
+            # A moment past the publish becomes "right after the publish" (1 ms polls): a kill
+            # after TFX recorded the push would leave nothing to interrupt in later runs.
+            delay = rng.uniform(0.0, PUSHER_WINDOW_MARGIN * c.push_seconds)
+            while time.time() < started_at + delay and len(_versions(c)) == len(versions_before):
+                time.sleep(0.001)
         run.kill()
-        landed = _classify_push_kill(c, versions_before=versions_before)
+        run.mlmd_states = _mlmd_states(c.output_dir / "metadata" / "fullthrottle-penguins.sqlite")
+        landed = _classify_push_kill(
+            c, versions_before=versions_before, entries_before=entries_before
+        )
         kill = {
             "index": index,
             "targeted": targeted,
@@ -369,6 +411,27 @@ def _kill_during_pusher(c: Campaign, rng: random.Random) -> None:
         )
 
 
+def _snapshot_code(target: Path) -> Path:
+    """A copy of the project's files as they are now, which every run of the campaign uses.
+
+    Transform's and the Trainer's cache keys (and the Trainer's checkpoint folder) include a hash
+    of trainer_module/ and serving/: an edit to the shared working tree during the campaign would
+    rightly be a cache miss and a fresh training, and the campaign would test nothing.
+    """
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for relative in filter(None, listed.split("\0")):
+        source = REPO / relative
+        if source.is_file():
+            (target / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / relative)
+    return target
+
+
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory) -> Campaign:
     output_dir = tmp_path_factory.mktemp("faults")
@@ -381,18 +444,17 @@ def campaign(tmp_path_factory) -> Campaign:
         seed=seed,
     )
     c.note(f"seed {seed} (set FULLTHROTTLE_FAULT_SEED to replay the same kill points)")
-    c.code_before = code_fingerprint()
+    c.code = _snapshot_code(tmp_path_factory.mktemp("faults-code"))
     try:
         _kill_during_transform(c, rng)
         _kill_during_trainer(c, rng)
-        _kill_during_pusher(c, rng)
-        c.final = PipelineProcess(output_dir)
+        _kill_during_pusher(c, rng, tmp_path_factory.mktemp("faults-scratch"))
+        c.final = PipelineProcess(output_dir, c.code)
         c.final_exit = c.final.finish()
         time.sleep(0.5)  # let the poller see the final version
     finally:
         if c.poller is not None:
             c.poller.stop()
-        c.code_after = code_fingerprint()
     c.note(f"final rerun exit {c.final_exit}; push folder {_serving_entries(c.serving_dir)}")
     c.note(
         f"poller: {c.poller.polls if c.poller else 0} polls, versions seen {c.poller.seen if c.poller else {}}"
@@ -435,20 +497,19 @@ def test_trainer_resumes_from_its_checkpoint_after_each_kill(campaign):
 
 
 def test_components_finished_before_a_kill_come_from_the_cache(campaign):
-    # Transform's and the Trainer's cache keys include a hash of trainer_module/ and serving/:
-    # an edit there while the campaign ran (a shared working tree) would be a legitimate miss.
-    assert campaign.code_before == campaign.code_after, "code changed during the campaign: rerun"
-    # The run killed during the Trainer had Transform complete or cached; from then on the
-    # upstream components are never executed again.
+    # Read from ML Metadata right after each kill (a run whose components were all cached can
+    # reach its kill before the progress thread printed a line).
     upstream = ("CsvExampleGen", "ImportSchema", "StatisticsGen", "ExampleValidator", "DataGate")
     for run in campaign.reruns:
-        states = run.component_states()
         for name in upstream:
-            assert states.get(name) == "cached", (name, states)
-    first_trainer_run = campaign.reruns[0].component_states()
-    assert first_trainer_run.get("Transform") == "complete", "Transform re-executed after its kill"
+            assert run.mlmd_states.get(name) == "cached", (name, run.mlmd_states)
+    # The kill inside Transform did not poison its cache: the next run executed it again.
+    assert campaign.reruns[0].mlmd_states.get("Transform") == "complete", "Transform not re-run"
     for run in campaign.reruns[1:]:
-        assert run.component_states().get("Transform") == "cached"
+        assert run.mlmd_states.get("Transform") == "cached", run.mlmd_states
+    # Killed Trainer executions were never taken from the cache: each rerun trained again.
+    for run in campaign.reruns[:TRAINER_KILLS]:
+        assert run.mlmd_states.get("Trainer") == "running", run.mlmd_states
     components = last_run(campaign.output_dir)["components"]
     for name in (*upstream, "Transform", "Trainer", "Evaluator"):
         assert components[name]["state"] == "cached", (name, components)
@@ -464,6 +525,18 @@ def test_final_model_is_pushed_exactly_once_without_leftovers(campaign):
     summary = last_run(campaign.output_dir)
     assert summary["pushed_version"] == versions[0]
     assert Path(summary["pushed_model_dir"]) == campaign.serving_dir / versions[0]
+
+
+def test_pusher_kills_landed_inside_the_push(campaign):
+    kills = campaign.pusher_kills
+    assert kills and all(k["returncode"] == -signal.SIGKILL for k in kills)
+    # The first kill comes no later than 1 ms after the publish, before TFX's record of it.
+    assert kills[0]["landed"] != "after the Pusher completed", kills[0]
+    landed = [k["landed"] for k in kills]
+    # A mid-push kill leaves a staging folder, which the next push removes (see the final check).
+    assert any(k.startswith("mid-push") for k in landed) or any(
+        k.startswith("after publishing") for k in landed
+    ), landed
 
 
 def test_poller_never_saw_a_half_written_version(campaign):

@@ -242,3 +242,81 @@ def test_transformer_ignores_padding():
     emb[5] = np.random.default_rng(1).normal(scale=10.0, size=emb.shape[1])
     table.set_weights([emb])
     assert not np.allclose(model({"t": ids}).numpy()[0], before[0], atol=1e-4)
+
+
+def test_byte_dropout_keeps_the_expectation_and_is_identity_at_inference():
+    from trainer_module.training.models import ByteDropout
+
+    layer = ByteDropout(0.1)
+    # The rate is quantized to 1/256: 0.1 -> 26/256; kept values scaled by 256/230.
+    assert layer.threshold == 26
+    x = tf.ones([500, 400])
+    first = layer(x, training=True).numpy()
+    second = layer(x, training=True).numpy()
+    dropped = float((first == 0).mean())
+    assert abs(dropped - 26 / 256) < 0.005, dropped  # 200k draws: sd ~0.0007
+    assert abs(float(first.mean()) - 1.0) < 0.01
+    np.testing.assert_allclose(first[first != 0], 256 / 230, rtol=1e-6)
+    assert not np.array_equal(first == 0, second == 0)  # a fresh mask every call
+    np.testing.assert_array_equal(layer(x, training=False).numpy(), x.numpy())
+    assert ByteDropout(0.0)(x, training=True) is x
+
+
+def test_transformer_dropouts_are_byte_dropouts_with_checkpointed_state():
+    from trainer_module.training.models import ByteDropout
+
+    config = TrainingConfig(
+        transformer_layers=1, transformer_d_model=16, transformer_heads=2, transformer_ffn_dim=16
+    )
+    model = build_model(text_inputs(), config, "mixed_bfloat16")
+    block = model.get_layer("block0_tokens")
+    assert isinstance(block.mha._dropout_layer, ByteDropout)  # attention-probability dropout
+    assert isinstance(block.drop, ByteDropout)
+    ids = {"x0": np.zeros(4, np.float32), "tokens": np.ones((4, 8), np.int64)}
+    a, b = (model(ids, training=True).numpy() for _ in range(2))
+    assert not np.allclose(a, b)  # dropout active in training
+    np.testing.assert_array_equal(model(ids).numpy(), model(ids).numpy())
+    # The controller checkpoints every `seed_generator_state` (resume replays the same masks).
+    states = [v for v in model.non_trainable_variables if "seed_generator_state" in v.path]
+    used = [block.mha._dropout_layer.seed_generator.state, block.drop.seed_generator.state]
+    assert all(any(s is u for s in states) for u in used)
+
+
+def test_cache_auto_rule_and_config_values(tmp_path):
+    from trainer_module.training.inputs import CACHE_AUTO_EXPANSION, resolve_cache
+
+    path = tmp_path / "f.gz"
+    path.write_bytes(b"x" * 1000)
+    assert resolve_cache(TrainingConfig(cache=False), [str(path)])[0] is False
+    assert resolve_cache(TrainingConfig(cache=True), [str(path)])[0] is True
+    cached, why = resolve_cache(TrainingConfig(), [str(path)])
+    assert cached and f"x {CACHE_AUTO_EXPANSION}" in why
+    assert resolve_cache(TrainingConfig(), [str(tmp_path / "missing.gz")])[0] is False
+    with pytest.raises(ConfigError, match="`cache` must be true, false or 'auto'"):
+        TrainingConfig(cache="yes")
+
+
+def test_cached_input_reshuffles_every_epoch_and_batches_across_epochs(tmp_path):
+    from tests.training_data import write_records
+    from trainer_module.training import make_dataset
+
+    inputs = tabular_inputs()
+    files = write_records(tmp_path / "d", inputs, files=2, per_file=50)  # 100 rows
+    spec = feature_spec(inputs)
+
+    def epochs(batch_size, n_batches, **overrides):
+        config = TrainingConfig(cache=True, **overrides)
+        ds = make_dataset(files, spec, inputs, config, batch_size=batch_size, training=True)
+        rows = [f["x0"].numpy() for f, _ in ds.take(n_batches)]
+        return np.concatenate(rows)
+
+    stream = epochs(30, 10)  # 300 rows = 3 epochs; batches straddle the epoch boundaries
+    first, second = stream[:100], stream[100:200]
+    assert len(set(first.tolist())) == 100 and set(first.tolist()) == set(second.tolist())
+    assert not np.array_equal(first, second)  # a new permutation each epoch
+    # Same seed -> same stream; 1 replica x 60 sees what 2 consecutive batches of 30 see.
+    np.testing.assert_array_equal(epochs(60, 5), stream)
+    # The uncached pipeline (no shuffle, so its first 100 rows are one epoch) reads the same rows.
+    config = TrainingConfig(cache=False, shuffle_buffer_size=0, shuffle_files=False)
+    plain = make_dataset(files, spec, inputs, config, batch_size=100, training=True)
+    assert set(next(iter(plain))[0]["x0"].numpy().tolist()) == set(first.tolist())

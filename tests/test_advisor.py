@@ -138,6 +138,17 @@ def test_no_precision_advice_the_device_cannot_use():
     assert "training.precision" not in _fields(report) and "jit_compile" not in _fields(report)
 
 
+def test_cache_is_advised_only_when_the_input_was_not_cached():
+    def fields(cached, cache="auto"):
+        m = StepTimeMeasurements(0.001, 0.0008, 100, 3, 64, "float32", input_cached=cached)
+        return _fields(advise(m, TrainingConfig(cache=cache), CPU_NO_BF16))
+
+    assert "cache" in fields(False) and "cache" in fields(None)
+    assert "cache" not in fields(True)  # `auto` already cached this run's input
+    assert "cache" not in fields(None, cache=True)
+    assert "per_replica_batch_size" in fields(True)  # what is left: fewer, larger batches
+
+
 def test_bands_and_small_steps():
     def at(wait_fraction: float) -> str:
         m = StepTimeMeasurements(0.01, 0.01 * wait_fraction, 100, 3, 64, "float32")

@@ -169,11 +169,15 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     base_eps = describe(samples["tfx_example"])["median"]
     ceiling = ceilings[compute_dtype(ours.policy)]["flops_per_second"]
     from trainer_module.training.advisor import advise, device_facts, measurements_from_history
+    from trainer_module.training.inputs import resolve_cache
 
     steady = [r for r in ours.records[1:]]
     advice = advise(
         measurements_from_history(
-            steady, global_batch_size=ours.batch.global_batch, precision_policy=ours.policy
+            steady,
+            global_batch_size=ours.batch.global_batch,
+            precision_policy=ours.policy,
+            input_cached=resolve_cache(config, data.train_files)[0],
         ),
         config,
         device_facts(),

@@ -85,6 +85,9 @@ class StepTimeMeasurements:
     loops: int  # loops measured; the first loop (tracing) is excluded when there are more
     global_batch_size: int
     precision_policy: str
+    # Whether the training input was served from the in-memory cache (None = unknown): the
+    # advisor does not suggest `cache` for a run that already had it.
+    input_cached: bool | None = None
 
     @property
     def input_wait_fraction(self) -> float:
@@ -98,7 +101,11 @@ class StepTimeMeasurements:
 
 
 def measurements_from_history(
-    history: Sequence[Mapping[str, Any]], *, global_batch_size: int, precision_policy: str
+    history: Sequence[Mapping[str, Any]],
+    *,
+    global_batch_size: int,
+    precision_policy: str,
+    input_cached: bool | None = None,
 ) -> StepTimeMeasurements:
     """From the controller's loop records (``wall_time``, ``steps``, ``input_wait_time``).
 
@@ -117,6 +124,7 @@ def measurements_from_history(
         loops=len(steady),
         global_batch_size=global_batch_size,
         precision_policy=precision_policy,
+        input_cached=input_cached,
     )
 
 
@@ -132,7 +140,9 @@ def _item(field_name: str, value: Any, why: str) -> dict[str, Any]:
     return {"field": f"training.{field_name}", "value": value, "why": why}
 
 
-def _input_advice(config: TrainingConfig, device: DeviceFacts) -> list[dict[str, Any]]:
+def _input_advice(
+    config: TrainingConfig, device: DeviceFacts, input_cached: bool | None = None
+) -> list[dict[str, Any]]:
     advice = []
     if config.num_parallel_calls is not None and config.num_parallel_calls < device.cpu_count:
         advice.append(
@@ -155,7 +165,7 @@ def _input_advice(config: TrainingConfig, device: DeviceFacts) -> list[dict[str,
                 "in parallel as there are cores (needs several input files)",
             )
         )
-    if config.cache is not True:
+    if config.cache is not True and not input_cached:
         advice.append(
             _item(
                 "cache",
@@ -275,9 +285,9 @@ def advise(
     if band == NOT_INPUT_BOUND:
         advice = _compute_advice(m, config, device)
     elif band == MODERATELY_INPUT_BOUND:
-        advice = _input_advice(config, device) + _compute_advice(m, config, device)
+        advice = _input_advice(config, device, m.input_cached) + _compute_advice(m, config, device)
     else:
-        advice = _input_advice(config, device)
+        advice = _input_advice(config, device, m.input_cached)
     # One item per field: the first (most relevant) reason wins.
     seen: set[str] = set()
     unique = []
@@ -313,6 +323,7 @@ def advise_result(
         result.history,
         global_batch_size=result.global_batch_size,
         precision_policy=result.precision_policy,
+        input_cached=getattr(result, "input_cached", None),
     )
     return advise(measurements, config, device or device_facts())
 

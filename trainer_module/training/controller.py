@@ -31,7 +31,11 @@ from trainer_module.training.config import (
     scaled_learning_rate,
 )
 from trainer_module.training.errors import InputDataError, TrainingDivergedError
-from trainer_module.training.inputs import make_distributed_dataset, validate_feature_spec
+from trainer_module.training.inputs import (
+    make_distributed_dataset,
+    resolve_cache,
+    validate_feature_spec,
+)
 from trainer_module.training.loop import TrainLoop
 from trainer_module.training.models import build_model, build_serving_model
 from trainer_module.training.optimization import create_optimizer, current_learning_rate
@@ -83,6 +87,8 @@ class TrainResult:
     # The model as trained (training dtype policy, strategy-placed variables), on every worker.
     # For export use `serving_model`; this is for checks such as "workers stayed in sync".
     model: keras.Model | None = None
+    input_cached: bool = False  # training input served from memory (inputs.resolve_cache)
+    input_cache_reason: str = ""
 
 
 # The `tensorboard` package (which implements tf.summary.scalar) is not in the locked
@@ -201,6 +207,8 @@ def train(
     if latest:
         checkpoint.restore(latest).assert_existing_objects_matched()
     start_step = int(loop.step.numpy())
+    # Decided here once for the record (make_dataset applies the same rule per pipeline shard).
+    input_cached, input_cache_reason = resolve_cache(config, train_files)
 
     train_ds = make_distributed_dataset(
         strategy,
@@ -237,6 +245,7 @@ def train(
         "parameters": int(model.count_params()),
         "start_step": start_step,
         "initial_step": start_step,  # alias of start_step
+        "input_cached": input_cached,
         "train_steps": config.train_steps,
         "work_dir": work_dir,
     }
@@ -373,6 +382,8 @@ def train(
         checkpoint_dir=ckpt_dir,
         history=tuple(history),
         model=model,
+        input_cached=input_cached,
+        input_cache_reason=input_cache_reason,
     )
     for h in hooks:
         h.on_train_end(result)

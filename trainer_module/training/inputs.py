@@ -32,6 +32,11 @@ AUTOTUNE = tf.data.AUTOTUNE
 # serialized protos, which repeat every feature name per record), so auto never fills RAM.
 CACHE_AUTO_EXPANSION = 20
 CACHE_AUTO_RAM_FRACTION = 0.10
+# The cached stream permutes whole epochs, at least this many rows per tf.data element: a small
+# split (penguins: ~240 rows) would otherwise pay the per-element map overhead every few batches.
+# A constant (not a multiple of the batch size), so 1 replica x 2b and 2 replicas x b still see
+# the same stream.
+CACHE_ROWS_PER_ELEMENT = 16_384
 
 
 def _physical_ram_bytes() -> int:
@@ -189,8 +194,9 @@ def _cached_epochs(
 ) -> tf.data.Dataset:
     """Endless full batches from records parsed once and held in memory.
 
-    Epoch ``e`` is the table permuted by the order drawn from ``(seed, e)`` (stateless, so a
-    resumed run replays it exactly): one gather per feature per EPOCH. ``rebatch`` then slices
+    Each element is k whole epochs (k x rows >= ``CACHE_ROWS_PER_ELEMENT``), each epoch the
+    table permuted by an order drawn from ``(seed, element)`` (stateless, so a resumed run
+    replays it exactly): one gather per feature per element. ``rebatch`` then slices
     the concatenated epochs into batches (no per-record work), so a batch may span an epoch
     boundary exactly like ``repeat -> batch`` does, and 1 replica x 2b sees the same examples
     as 2 replicas x b.
@@ -198,13 +204,20 @@ def _cached_epochs(
     # int32 max rows: one ParseExample over every record of this pipeline, once.
     table = records.batch(2**31 - 1).map(parse).cache()
 
-    def permuted(epoch, data):
-        if not shuffle:
-            return data
+    def permuted(element, data):
         rows = tf.shape(data[1], out_type=tf.int64)[0]
-        order = tf.random.experimental.stateless_shuffle(
-            tf.range(rows), seed=tf.stack([tf.constant(seed, tf.int64), epoch])
+        # k whole epochs per element (see CACHE_ROWS_PER_ELEMENT); element e holds epochs
+        # e*k .. e*k+k-1, each its own permutation.
+        k = tf.maximum(
+            (CACHE_ROWS_PER_ELEMENT + rows - 1) // tf.maximum(rows, 1), tf.constant(1, tf.int64)
         )
+        if shuffle:
+            keys = tf.random.stateless_uniform(
+                tf.stack([k, rows]), seed=tf.stack([tf.constant(seed, tf.int64), element])
+            )
+            order = tf.reshape(tf.argsort(keys, axis=1, stable=True), [-1])
+        else:
+            order = tf.tile(tf.range(rows, dtype=tf.int32), [k])
         return tf.nest.map_structure(lambda t: tf.gather(t, order), data)
 
     return table.repeat().enumerate().map(permuted).rebatch(batch_size, drop_remainder=True)

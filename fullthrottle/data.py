@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import io
 import os
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -288,7 +289,7 @@ def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
     if compression:
         try:
             gzip.decompress(data[: 1 << 20]) if len(data) <= 1 << 20 else None
-        except (OSError, EOFError):
+        except (OSError, EOFError, zlib.error):  # zlib.error: a damaged deflate stream
             raise DataError(
                 f"{first} looks gzip-compressed but is corrupted; re-export it"
             ) from None

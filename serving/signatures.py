@@ -22,7 +22,7 @@ slow on CPU servers); the trainer hands over a float32 copy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import keras
 import numpy as np
@@ -39,22 +39,34 @@ EXAMPLES_INPUT = "examples"
 
 
 def raw_serving_spec(
-    tft_output: tft.TFTransformOutput, label: str
+    tft_output: tft.TFTransformOutput, label: str, features: Sequence[str] | None = None
 ) -> dict[str, tf.io.FixedLenFeature]:
-    """The raw feature spec a client sends: every raw feature except the label."""
+    """The raw feature spec a client sends: the raw features the model uses (`features`, the
+    data spec's feature columns), else every raw feature of the schema; never the label.
+
+    Columns the schema has but the model ignores (an id, a year) are not asked of clients: the
+    Transform layer only reads the columns `preprocessing_fn` uses."""
     spec = dict(tft_output.raw_feature_spec())
     spec.pop(label, None)
+    if features is not None:
+        spec = {name: feature for name, feature in spec.items() if name in set(features)}
     return spec
 
 
 class ServingModule(tf.Module):
     """Holds the model, the Transform layer and the class names, and defines the signatures."""
 
-    def __init__(self, model: keras.Model, tft_output: tft.TFTransformOutput, label: str) -> None:
+    def __init__(
+        self,
+        model: keras.Model,
+        tft_output: tft.TFTransformOutput,
+        label: str,
+        features: Sequence[str] | None = None,
+    ) -> None:
         super().__init__(name="fullthrottle_serving")
         self.model = model
         self.tft_layer = tft_output.transform_features_layer()
-        self._raw_spec = raw_serving_spec(tft_output, label)
+        self._raw_spec = raw_serving_spec(tft_output, label, features)
         self._full_raw_spec = dict(tft_output.raw_feature_spec())
         transformed_label = _transformed_label_name(label)
         self._transformed_spec = {
@@ -196,8 +208,13 @@ def _to_parsed_form(
 
 
 def export_serving_model(
-    model: keras.Model, *, tft_output: tft.TFTransformOutput, label: str, export_dir: str
+    model: keras.Model,
+    *,
+    tft_output: tft.TFTransformOutput,
+    label: str,
+    export_dir: str,
+    features: Sequence[str] | None = None,
 ) -> None:
     """Writes the SavedModel with all signatures to `export_dir` (which must not exist yet)."""
-    module = ServingModule(model, tft_output, label)
+    module = ServingModule(model, tft_output, label, features)
     tf.saved_model.save(module, export_dir, signatures=module.signatures())

@@ -355,6 +355,21 @@ def test_stopped_by_the_data_gate(tmp_path, capsys, case):
     assert SECRET not in (output_dir / "last_run.json").read_text()
     if case.case_id == "extra-column":
         assert last["config"]["beam"]["extra_args"] == ["--db_password=REDACTED"]
+    _assert_mlflow_run_failed_with_the_reason(output_dir)
+
+
+def _assert_mlflow_run_failed_with_the_reason(output_dir: Path) -> None:
+    """The run's (embedded, default) MLflow store has one parent run, FAILED, with the reason."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{output_dir / 'mlflow' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("fullthrottle-penguins")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert len(parents) == 1, [r.info.run_id for r in runs]
+    assert parents[0].info.status == "FAILED"
+    assert "data gate stopped the run" in parents[0].data.tags["fullthrottle.failure_reason"]
 
 
 def _doc_table() -> dict[str, str]:

@@ -232,18 +232,22 @@ def test_logged_model_answers_like_the_pushed_model(server, output_dir, run_a, m
         "island",
         "sex",
     }
+    # What pandas makes of penguins.csv: float64 decimals, int64 whole numbers, strings.
     rows = pd.DataFrame(
-        {"bill_length_mm": [39.1, 46.5], "bill_depth_mm": [18.7, 15.0], "flipper_length_mm": [181.0, 220.0],
-         "body_mass_g": [3750.0, 5200.0], "island": ["Torgersen", "Biscoe"], "sex": ["male", "female"]}
+        {"bill_length_mm": [39.1, 46.5], "bill_depth_mm": [18.7, 15.0], "flipper_length_mm": [181, 220],
+         "body_mass_g": [3750, 5200], "island": ["Torgersen", "Biscoe"], "sex": ["male", "female"]}
     )  # fmt: skip
     answer = model.predict(rows)
     pushed = tf.saved_model.load(last_run(output_dir)["pushed_model_dir"]).signatures["predict_raw"]
+    specs = pushed.structured_input_signature[1]
     direct = pushed(
         **{
             c: tf.constant(
-                rows[c].to_numpy().astype(np.float32 if rows[c].dtype.kind == "f" else object)
+                rows[c]
+                .to_numpy()
+                .astype(object if spec.dtype == tf.string else spec.dtype.as_numpy_dtype)
             )
-            for c in rows
+            for c, spec in specs.items()
         }
     )
     np.testing.assert_allclose(answer["probabilities"], direct["probabilities"].numpy(), rtol=1e-6)

@@ -60,9 +60,11 @@ def describe_signature(saved_model_dir: str) -> Any:
 
     loaded = tf.saved_model.load(saved_model_dir)
     fn = loaded.signatures[RAW_SIGNATURE]
+    # float32 inputs are declared "double": pandas reads decimals as float64, and MLflow refuses
+    # float64 -> float32 as unsafe. The wrapper casts to the SavedModel's float32 itself.
     kinds = {
         tf.string: "string",
-        tf.float32: "float",
+        tf.float32: "double",
         tf.float64: "double",
         tf.int64: "long",
         tf.int32: "integer",

@@ -59,6 +59,15 @@ def test_alternate_rotates_order_and_ratio_is_of_medians():
     r = ratio(samples, "a", "b")
     assert r["ratio"] == pytest.approx(20.0 / 10.0)
     assert r["paired"] == pytest.approx([2.0, 3.0, 0.5])
+    assert r["paired_median"] == pytest.approx(2.0)
+    # A target is judged on the lower of the two ratios: load that shifted between repetitions
+    # can lift the ratio of medians above what every paired window saw.
+    shifted = {"ours": [144.0, 263.0, 249.0], "base": [120.0, 105.0, 184.0]}
+    entry = ratio(shifted, "ours", "base")
+    assert entry["ratio"] > 2.0 and entry["paired_median"] < 1.4
+    document_targets = suite.targets({"trainer": {"transformer": {"vs_tfx_example": entry}}})
+    verdict = {t["name"]: t for t in document_targets}["transformer_vs_tfx_example"]
+    assert verdict["measured"] == pytest.approx(entry["paired_median"]) and not verdict["met"]
     assert describe(samples["a"])["spread"] == pytest.approx((30 - 10) / 20)
 
 

@@ -51,6 +51,10 @@ def ratio(
         "numerator": numerator,
         "denominator": denominator,
         "ratio": statistics.median(top) / statistics.median(bottom),
+        # Robust to load that shifts between repetitions (both windows of a pair see the same
+        # minute); the ratio of medians is not, when the contenders' medians come from
+        # different repetitions. Targets are judged on the lower of the two.
+        "paired_median": statistics.median(paired),
         "paired_min": min(paired),
         "paired_max": max(paired),
         "paired": paired,

@@ -426,19 +426,26 @@ def _get(results: dict[str, Any], *path: str) -> Any:
     return node
 
 
+def _conservative_ratio(entry: Any) -> float | None:
+    """The lower of the ratio of medians and the median paired ratio (see measure.ratio)."""
+    if not isinstance(entry, dict) or entry.get("ratio") is None:
+        return None
+    return min(entry["ratio"], entry.get("paired_median", entry["ratio"]))
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     measured = {
-        "transformer_vs_tfx_example": _get(
-            results, "trainer", "transformer", "vs_tfx_example", "ratio"
+        "transformer_vs_tfx_example": _conservative_ratio(
+            _get(results, "trainer", "transformer", "vs_tfx_example")
         ),
         "transformer_mfu": _get(results, "trainer", "transformer", "mfu", "ours"),
-        "transformer_input_efficiency": _get(
-            results, "trainer", "transformer", "input_efficiency", "ratio"
+        "transformer_input_efficiency": _conservative_ratio(
+            _get(results, "trainer", "transformer", "input_efficiency")
         ),
-        "tabular_input_efficiency": _get(
-            results, "trainer", "tabular", "input_efficiency", "ratio"
+        "tabular_input_efficiency": _conservative_ratio(
+            _get(results, "trainer", "tabular", "input_efficiency")
         ),
-        "tracking_on_vs_off": _get(results, "tracking", "ratio"),
+        "tracking_on_vs_off": _conservative_ratio(_get(results, "tracking")),
     }
     return [
         {
@@ -455,7 +462,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
 def _fmt_ratio(entry: dict[str, Any] | None) -> str:
     if not entry or "ratio" not in entry:
         return "n/a"
-    return f"{entry['ratio']:.2f}x [{entry['paired_min']:.2f}-{entry['paired_max']:.2f}]"
+    paired = entry.get("paired_median")
+    middle = f" (paired median {paired:.2f}x)" if paired is not None else ""
+    return f"{entry['ratio']:.2f}x{middle} [{entry['paired_min']:.2f}-{entry['paired_max']:.2f}]"
 
 
 def _fmt_rate(entry: dict[str, Any] | None) -> str:
@@ -477,7 +486,7 @@ def markdown_table(document: dict[str, Any]) -> str:
         return f">= {t['target']:g}: {'met' if t['met'] else 'NOT met'}"
 
     rows = [
-        "| benchmark | contenders (median examples/s, ±half spread) | ratio [paired min-max] | target |",
+        "| benchmark | contenders (median examples/s, ±half spread) | ratio of medians (paired median) [paired min-max] | target (judged on the lower ratio) |",
         "|---|---|---|---|",
     ]
     for model in ("transformer", "tabular"):

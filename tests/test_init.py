@@ -61,8 +61,8 @@ def test_run_on_the_init_config_pushes_a_model_that_answers_raw_rows(own_data):
     assert last["training"]["steps_completed"] == TRAIN_STEPS
     model = tf.saved_model.load(last["pushed_model_dir"])
 
-    # Raw rows as a client would send them: one tensor per raw CSV column (predict_raw takes the
-    # whole raw schema but the label; the model ignores the columns init dropped).
+    # Raw rows as a client would send them: one tensor per column the model uses. predict_raw
+    # asks for exactly the config's feature columns: not the label, not the columns init dropped.
     rows = [
         r
         for r in own_data.records[:200]
@@ -70,7 +70,9 @@ def test_run_on_the_init_config_pushes_a_model_that_answers_raw_rows(own_data):
     ]
     raw = model.signatures["predict_raw"]
     wanted = raw.structured_input_signature[1]
-    assert set(wanted) == set(own_data.records[0]) - {LABEL}
+    kept = set(load_config(own_data.config_path).data.feature_columns)
+    assert set(wanted) == kept
+    assert kept < set(own_data.records[0]) - {LABEL}, "init drops the id and constant columns"
     inputs = {}
     for name, spec in wanted.items():
         if spec.dtype == tf.string:

@@ -61,7 +61,7 @@ RUN_ARGS = (
 PUSHER_WINDOW_MARGIN = 1.1
 PHASE_TIMEOUT_SECONDS = 420
 _RESUMED = re.compile(r"\[trainer\] start step (\d+)/(\d+)")
-_CKPT = re.compile(r"ckpt-(\d+)\.index$")
+_CKPT = re.compile(r"ckpt-(\d+)\b")
 
 
 class PipelineProcess:
@@ -143,10 +143,18 @@ class PipelineProcess:
 
 
 def _newest_checkpoint(pipeline_root: Path) -> int:
-    pattern = str(
-        pipeline_root / "Trainer" / "training_state" / "*" / "checkpoints" / "ckpt-*.index"
-    )
-    steps = [int(m.group(1)) for p in glob.glob(pattern) if (m := _CKPT.search(p))]
+    """The newest *committed* checkpoint: the one the `checkpoint` state file names.
+
+    `CheckpointManager` writes `ckpt-N.index`/`.data` first and the state file last, so a kill
+    between the two leaves a `ckpt-N.index` that is not (and must not be) resumed from; counting
+    index files would expect a resume from a checkpoint that was never committed."""
+    pattern = str(pipeline_root / "Trainer" / "training_state" / "*" / "checkpoints" / "checkpoint")
+    steps = []
+    for state_file in glob.glob(pattern):
+        with open(state_file, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model_checkpoint_path:") and (m := _CKPT.search(line)):
+                    steps.append(int(m.group(1)))
     return max(steps, default=0)
 
 

@@ -21,7 +21,7 @@ import subprocess
 import sys
 from typing import Any
 
-from fullthrottle.config import PRESETS
+from fullthrottle.commands.run import add_config_arguments, config_from_args
 
 PACKAGES = (
     ("tensorflow", "TensorFlow"),
@@ -69,18 +69,8 @@ def register(sub: Any) -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", metavar="FILE", help="resolve `auto` for this config file")
-    parser.add_argument(
-        "--preset", choices=sorted(PRESETS), help="hardware preset applied before the file"
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="FIELD=VALUE",
-        help="override one config field, e.g. training.precision=float32 (repeatable)",
-    )
+    # The same --config/--preset/--set as every command: `auto` is resolved for that config.
+    add_config_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
@@ -436,9 +426,7 @@ def render(report: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fullthrottle.config import load_config
-
-    config = load_config(args.config, preset=args.preset, overrides=args.overrides)
+    config = config_from_args(args)
     report = collect(config)
     if args.json:
         json.dump(report, sys.stdout, indent=2, default=str)

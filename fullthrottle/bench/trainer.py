@@ -91,7 +91,9 @@ class OurLoop:
         self.policy, _ = resolve_precision_policy(config)
         self.batch = resolve_batch_sizes(config, self.strategy.num_replicas_in_sync)
         with self.strategy.scope():
-            self.model = build_model(data.model_inputs, config, self.policy)
+            self.model = build_model(
+                data.model_inputs, config, self.policy, fused=config.fused_kernels
+            )
             optimizer = create_optimizer(
                 config, scaled_learning_rate(config, self.batch.global_batch), self.policy
             )

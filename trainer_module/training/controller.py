@@ -172,7 +172,7 @@ def train(
     peak_lr = scaled_learning_rate(config, batch.global_batch)
 
     with strategy.scope():
-        model = build_model(model_inputs, config, policy_name)
+        model = build_model(model_inputs, config, policy_name, fused=config.fused_kernels)
         optimizer = create_optimizer(config, peak_lr, policy_name)
         # Build slots now so a checkpoint restores into existing variables (no deferred
         # restore, which Keras 3 optimizers do not support).

@@ -15,6 +15,7 @@ import keras
 import tensorflow as tf
 from keras import layers, ops
 
+from trainer_module.training import fused as fused_kernels
 from trainer_module.training.config import ModelInputs, TrainingConfig
 from trainer_module.training.precision import dtype_policy
 
@@ -66,17 +67,16 @@ class ByteDropout(layers.Layer):
         self.scale = 256.0 / (256 - self.threshold)
         self.seed_generator = keras.random.SeedGenerator(seed) if self.threshold else None
 
+    def noise(self, shape) -> tf.Tensor:
+        """The next mask's random bytes (uint8, ``shape``); an element is kept where its byte
+        is >= ``self.threshold``. Advances the layer's seed generator."""
+        return fused_kernels.random_bytes(shape, tf.cast(self.seed_generator.next(), tf.int64))
+
     def call(self, inputs, training=None):
         if not training or not self.threshold:
             return inputs
         x = tf.convert_to_tensor(inputs)
-        seed = tf.cast(self.seed_generator.next(), tf.int64)
-        size = tf.size(x)
-        words = tf.random.stateless_uniform(
-            [(size + 3) // 4], seed=seed, minval=None, maxval=None, dtype=tf.int32
-        )
-        random_bytes = tf.reshape(tf.bitcast(words, tf.uint8), [-1])[:size]
-        keep = tf.reshape(random_bytes >= tf.constant(self.threshold, tf.uint8), tf.shape(x))
+        keep = self.noise(tf.shape(x)) >= tf.constant(self.threshold, tf.uint8)
         return tf.where(keep, x * tf.cast(self.scale, x.dtype), tf.zeros_like(x))
 
     def get_config(self):
@@ -98,12 +98,87 @@ class ByteDropoutAttention(layers.MultiHeadAttention):
     """Keras MultiHeadAttention whose attention-probability dropout ([B, heads, S, S], the
     block's largest dropout) is a :class:`ByteDropout`. Keras 3.15 keeps that dropout in the
     private ``_dropout_layer`` made in ``build``; it is replaced there, before Keras locks the
-    layer's state. Same weights and maths otherwise."""
+    layer's state. Same weights and maths otherwise.
+
+    ``fused=True`` (training models): masked softmax and dropout run as one XLA kernel
+    (:func:`fused.masked_softmax_dropout`) between the two attention einsums.
+    """
+
+    def __init__(self, *args, fused: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fused = fused
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
         if self._dropout > 0.0:
             self._dropout_layer = ByteDropout(self._dropout, dtype=self.dtype_policy)
+
+    def _compute_attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask=None,
+        training=None,
+        return_attention_scores=False,
+        use_causal_mask=False,
+    ):
+        if not self.fused or use_causal_mask:
+            return super()._compute_attention(
+                query,
+                key,
+                value,
+                attention_mask=attention_mask,
+                training=training,
+                return_attention_scores=return_attention_scores,
+                use_causal_mask=use_causal_mask,
+            )
+        # The same steps as Keras' MultiHeadAttention._compute_attention (explicit-scores path).
+        query = ops.multiply(query, ops.cast(self._inverse_sqrt_key_dim, query.dtype))
+        scores = ops.einsum(self._dot_product_equation, key, query)  # [B, N, T, S]
+        if attention_mask is None:
+            mask = tf.ones([1, 1, 1, 1], tf.bool)
+        else:
+            mask = tf.cast(attention_mask, tf.bool)
+            for _ in range(len(scores.shape) - len(mask.shape)):
+                mask = tf.expand_dims(mask, axis=-len(self._attention_axes) * 2 - 1)
+        dropout = self._dropout_layer if self._dropout > 0.0 else None
+        if training and dropout is not None and dropout.threshold:
+            noise = dropout.noise(tf.shape(scores))
+            probs = fused_kernels.masked_softmax_dropout(
+                scores, mask, noise, dropout.threshold, dropout.scale
+            )
+        else:
+            probs = fused_kernels.masked_softmax_dropout(scores, mask, None, 0, 1.0)
+        return ops.einsum(self._combine_equation, probs, value), probs
+
+    def get_config(self):
+        return {**super().get_config(), "fused": self.fused}
+
+
+@keras.saving.register_keras_serializable(package="fullthrottle")
+class LayerNorm(layers.LayerNormalization):
+    """Keras LayerNormalization over the last axis; ``fused=True`` (training models) runs it
+    as XLA kernels (:func:`fused.layer_norm`). Same weights (gamma, beta) and maths."""
+
+    def __init__(self, *args, fused: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fused = fused
+
+    def call(self, inputs):
+        last = len(inputs.shape) - 1
+        if (
+            self.fused
+            and self.center
+            and self.scale
+            and not self.rms_scaling
+            and list(self.axis) in ([last], [-1])
+        ):
+            return fused_kernels.layer_norm(inputs, self.gamma, self.beta, self.epsilon)
+        return super().call(inputs)
+
+    def get_config(self):
+        return {**super().get_config(), "fused": self.fused}
 
 
 @keras.saving.register_keras_serializable(package="fullthrottle")
@@ -111,17 +186,25 @@ class TransformerBlock(layers.Layer):
     """Pre-LayerNorm encoder block: x + MHA(LN(x)), then x + FFN(LN(x)).
 
     Pre-LN trains stably without a learning-rate warm-up tuned per depth (Xiong et al. 2020).
+
+    ``fused=True`` (the training model, ``TrainingConfig.fused_kernels``): layer norms, GELU,
+    attention dropout and each dropout + residual add run as XLA kernels (:mod:`fused`);
+    same weights and maths, so the plain (serving) twin loads them as is.
     """
 
-    def __init__(self, d_model, heads, ffn_dim, dropout_rate, **kwargs):
+    def __init__(self, d_model, heads, ffn_dim, dropout_rate, fused: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.d_model, self.heads, self.ffn_dim = d_model, heads, ffn_dim
         self.dropout_rate = dropout_rate
+        self.fused = fused
         p = self.dtype_policy
-        self.ln1 = layers.LayerNormalization(epsilon=1e-6, dtype=p)
-        self.mha = ByteDropoutAttention(heads, d_model // heads, dropout=dropout_rate, dtype=p)
-        self.ln2 = layers.LayerNormalization(epsilon=1e-6, dtype=p)
-        self.ffn1 = layers.Dense(ffn_dim, activation=gelu_float32, dtype=p)
+        self.ln1 = LayerNorm(epsilon=1e-6, fused=fused, dtype=p)
+        self.mha = ByteDropoutAttention(
+            heads, d_model // heads, dropout=dropout_rate, fused=fused, dtype=p
+        )
+        self.ln2 = LayerNorm(epsilon=1e-6, fused=fused, dtype=p)
+        # No activation here: call() applies GELU (plain or fused).
+        self.ffn1 = layers.Dense(ffn_dim, dtype=p)
         self.ffn2 = layers.Dense(d_model, dtype=p)
         self.drop = ByteDropout(dropout_rate, dtype=p)
 
@@ -133,12 +216,28 @@ class TransformerBlock(layers.Layer):
         self.ffn1.build(input_shape)
         self.ffn2.build((*input_shape[:-1], self.ffn_dim))
 
+    def _residual(self, x, h, training):
+        """x + dropout(h)."""
+        if not self.fused:
+            return x + self.drop(h, training=training)
+        if not training or not self.drop.threshold:
+            return x + h
+        noise = self.drop.noise(tf.shape(h))
+        return fused_kernels.dropout_add(x, h, noise, self.drop.threshold, self.drop.scale)
+
     def call(self, x, attention_mask=None, training=None):
         h = self.ln1(x)
         h = self.mha(h, h, attention_mask=attention_mask, training=training)
-        x = x + self.drop(h, training=training)
-        h = self.ffn2(self.ffn1(self.ln2(x)))
-        return x + self.drop(h, training=training)
+        x = self._residual(x, h, training)
+        h = self.ln2(x)
+        if self.fused:
+            # ffn1's matmul alone, then its bias-add and GELU as one kernel.
+            z = tf.matmul(tf.reshape(h, [-1, self.d_model]), self.ffn1.kernel)
+            h = fused_kernels.bias_gelu(z, self.ffn1.bias)
+            h = tf.reshape(h, tf.concat([tf.shape(x)[:-1], [self.ffn_dim]], axis=0))
+        else:
+            h = gelu_float32(self.ffn1(h))
+        return self._residual(x, self.ffn2(h), training)
 
     def get_config(self):
         return {
@@ -147,6 +246,7 @@ class TransformerBlock(layers.Layer):
             "heads": self.heads,
             "ffn_dim": self.ffn_dim,
             "dropout_rate": self.dropout_rate,
+            "fused": self.fused,
         }
 
 
@@ -209,10 +309,18 @@ def _head(x, model_inputs: ModelInputs) -> keras.KerasTensor:
 
 
 def build_model(
-    model_inputs: ModelInputs, config: TrainingConfig, policy_name: str = "float32"
+    model_inputs: ModelInputs,
+    config: TrainingConfig,
+    policy_name: str = "float32",
+    *,
+    fused: bool = False,
 ) -> keras.Model:
     """Build the configured model with layers computing in ``policy_name`` (call it inside
-    ``strategy.scope()`` for training). Output: float32 class probabilities."""
+    ``strategy.scope()`` for training). Output: float32 class probabilities.
+
+    ``fused``: the Transformer's element-wise work runs as XLA kernels (:mod:`fused`). For
+    training graphs only; the same variables either way, so weights move freely between the
+    two (the serving twin is always built plain)."""
     policy = dtype_policy(policy_name)
     kind = config.resolved_model(model_inputs)
     inputs = _inputs(model_inputs)
@@ -231,10 +339,11 @@ def build_model(
                     config.transformer_heads,
                     config.transformer_ffn_dim,
                     config.dropout_rate,
+                    fused=fused,
                     dtype=policy,
                     name=f"block{i}_{name}",
                 )(x, attention_mask=mask)
-            x = layers.LayerNormalization(epsilon=1e-6, dtype=policy, name=f"ln_{name}")(x)
+            x = LayerNorm(epsilon=1e-6, fused=fused, dtype=policy, name=f"ln_{name}")(x)
             parts.append(
                 MaskedPooling(config.transformer_pooling, dtype=policy, name=f"pool_{name}")(x, ids)
             )

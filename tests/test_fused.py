@@ -1,0 +1,157 @@
+"""The fused (XLA) kernels compute what the plain Keras layers compute: the same outputs and
+gradients on the same weights, masks that agree between forward and backward, padding keys
+that get no attention. And the serving twin of a fused model is plain."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.training_data import SEQ_LEN, VOCAB, text_inputs
+from trainer_module.training import TrainingConfig, build_model, fused
+from trainer_module.training.models import build_serving_model
+
+CONFIG = TrainingConfig(
+    model="transformer",
+    transformer_layers=2,
+    transformer_d_model=32,
+    transformer_heads=4,
+    transformer_ffn_dim=64,
+    hidden_units=(16,),
+    dropout_rate=0.0,
+)
+
+
+def _batch(seed: int = 0, batch: int = 6):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, VOCAB, size=(batch, SEQ_LEN))
+    ids[:, SEQ_LEN // 2 :] = 0  # half of every row is padding: the mask matters
+    ids[0, 1:] = 0  # a row with a single real token
+    return {
+        "x0": tf.constant(rng.normal(size=batch), tf.float32),
+        "tokens": tf.constant(ids, tf.int64),
+    }
+
+
+def _pair(policy: str, config: TrainingConfig = CONFIG):
+    keras.utils.set_random_seed(1)
+    plain = build_model(text_inputs(), config, policy, fused=False)
+    fast = build_model(text_inputs(), config, policy, fused=True)
+    fast.set_weights(plain.get_weights())
+    kinds = {type(layer).__name__ for layer in fast._flatten_layers() if getattr(layer, "fused", 0)}
+    assert kinds == {"LayerNorm", "ByteDropoutAttention", "TransformerBlock"}, kinds
+    return plain, fast
+
+
+def _loss_and_grads(model, features, labels):
+    with tf.GradientTape() as tape:
+        probs = model(features, training=True)
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, probs))
+    return probs, tape.gradient(loss, model.trainable_variables)
+
+
+@pytest.mark.parametrize(
+    ("policy", "rtol", "atol"), [("float32", 1e-4, 1e-5), ("mixed_bfloat16", 0.05, 2e-3)]
+)
+def test_fused_model_matches_plain_model_outputs_and_gradients(policy, rtol, atol):
+    plain, fast = _pair(policy)
+    features, labels = _batch(), tf.constant([0, 1, 2, 0, 1, 2])
+    p_probs, p_grads = _loss_and_grads(plain, features, labels)
+    f_probs, f_grads = _loss_and_grads(fast, features, labels)
+    np.testing.assert_allclose(f_probs.numpy(), p_probs.numpy(), rtol=rtol, atol=atol)
+    assert len(f_grads) == len(p_grads) == len(plain.trainable_variables)
+    for var, pg, fg in zip(plain.trainable_variables, p_grads, f_grads, strict=True):
+        pg, fg = tf.convert_to_tensor(pg).numpy(), tf.convert_to_tensor(fg).numpy()
+        scale = max(float(np.abs(pg).max()), 1e-6)
+        # Relative to the largest gradient entry of the variable: bf16 rounds each op's output.
+        assert np.abs(fg - pg).max() <= rtol * scale + atol, var.path
+    # Inference too (no dropout either way).
+    np.testing.assert_allclose(
+        fast(features, training=False).numpy(),
+        plain(features, training=False).numpy(),
+        rtol=rtol,
+        atol=atol,
+    )
+
+
+def test_fused_layer_norm_matches_keras_including_gamma_beta_gradients():
+    rng = np.random.default_rng(3)
+    x = tf.constant(rng.normal(size=(4, 5, 16)) * 3 + 1, tf.float32)
+    dy = tf.constant(rng.normal(size=(4, 5, 16)), tf.float32)
+    ln = keras.layers.LayerNormalization(epsilon=1e-6)
+    ln.build(x.shape)
+    ln.gamma.assign(rng.normal(size=16))
+    ln.beta.assign(rng.normal(size=16))
+
+    def grads(fn):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = fn(x)
+        return [y, *tape.gradient(y, [x, ln.gamma, ln.beta], output_gradients=dy)]
+
+    expected = grads(ln)
+    got = grads(lambda t: fused.layer_norm(t, ln.gamma, ln.beta, 1e-6))
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_fused_bias_gelu_matches_exact_gelu_and_its_derivatives():
+    z = tf.constant(np.linspace(-6, 6, 101).reshape(101, 1) * np.ones((1, 3)), tf.float32)
+    bias = tf.constant([0.0, 0.5, -1.25], tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([z, bias])
+        y_fused = fused.bias_gelu(z, bias)
+        y_ref = keras.activations.gelu(z + bias, approximate=False)
+    np.testing.assert_allclose(y_fused.numpy(), y_ref.numpy(), atol=1e-6)
+    for wrt in (z, bias):
+        np.testing.assert_allclose(
+            tape.gradient(y_fused, wrt).numpy(), tape.gradient(y_ref, wrt).numpy(), atol=1e-5
+        )
+
+
+def test_dropout_backward_reuses_the_forward_mask():
+    h = tf.ones([8, 64, 32])
+    noise = fused.random_bytes(tf.shape(h), tf.constant([7, 11], tf.int64))
+    threshold, scale = 26, 256 / 230
+    with tf.GradientTape() as tape:
+        tape.watch(h)
+        y = fused.dropout_add(tf.zeros_like(h), h, noise, threshold, scale)
+    grad = tape.gradient(y, h)
+    # y = mask * scale (h = 1), and d y / d h must be exactly the same mask * scale.
+    np.testing.assert_array_equal(grad.numpy(), y.numpy())
+    dropped = float(np.mean(y.numpy() == 0))
+    assert 0.08 < dropped < 0.125, dropped  # rate 26/256 = 0.10
+    np.testing.assert_allclose(np.unique(y.numpy()), [0.0, scale], rtol=1e-6)
+
+
+def test_masked_softmax_gives_padding_keys_no_weight_and_rows_sum_to_one():
+    rng = np.random.default_rng(5)
+    scores = tf.constant(rng.normal(size=(2, 3, 4, 6)) * 4, tf.float32)
+    keys = tf.constant([[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 0]]) > 0
+    mask = keys[:, None, None, :]
+    probs = fused.masked_softmax_dropout(scores, mask, None, 0, 1.0).numpy()
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
+    assert np.all(probs[0, ..., 3:] == 0) and np.all(probs[1, ..., 5] == 0)
+    expected = keras.layers.Softmax()(scores, mask=tf.broadcast_to(mask, scores.shape)).numpy()
+    np.testing.assert_allclose(probs, expected, atol=1e-6)
+
+
+def test_fused_dropout_model_trains_in_bfloat16_and_serving_twin_is_plain():
+    config = TrainingConfig(**{**CONFIG.__dict__, "dropout_rate": 0.1})
+    _, fast = _pair("mixed_bfloat16", config)
+    features, labels = _batch(1), tf.constant([0, 1, 2, 0, 1, 2])
+    # Two training calls draw different masks; inference is deterministic.
+    a, _ = _loss_and_grads(fast, features, labels)
+    b, grads = _loss_and_grads(fast, features, labels)
+    assert not np.allclose(a.numpy(), b.numpy())
+    assert all(np.all(np.isfinite(tf.convert_to_tensor(g).numpy())) for g in grads)
+    serving = build_serving_model(fast, text_inputs(), config)
+    fused_layers = [layer.name for layer in serving._flatten_layers() if getattr(layer, "fused", 0)]
+    assert fused_layers == []
+    np.testing.assert_allclose(
+        serving(features, training=False).numpy(),
+        fast(features, training=False).numpy(),
+        atol=0.05,  # bf16 training graph vs the float32 twin
+    )

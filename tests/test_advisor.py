@@ -149,6 +149,19 @@ def test_cache_is_advised_only_when_the_input_was_not_cached():
     assert "per_replica_batch_size" in fields(True)  # what is left: fewer, larger batches
 
 
+def test_fused_kernels_are_advised_only_for_a_transformer_run_without_them():
+    def fields(kind, **config):
+        m = StepTimeMeasurements(0.2, 0.001, 100, 3, 64, "mixed_bfloat16", model_kind=kind)
+        return _fields(advise(m, TrainingConfig(**config), CPU_BF16))
+
+    assert "fused_kernels" in fields("transformer", fused_kernels=False)
+    assert "fused_kernels" not in fields("transformer")  # the default: already on
+    assert "fused_kernels" not in fields("tabular", fused_kernels=False)  # nothing to fuse
+    assert "fused_kernels" not in fields(None, fused_kernels=False)  # model unknown
+    # Whole-graph XLA already fuses everything (and replaces the kernels' boundaries).
+    assert "fused_kernels" not in fields("transformer", fused_kernels=False, jit_compile=True)
+
+
 def test_bands_and_small_steps():
     def at(wait_fraction: float) -> str:
         m = StepTimeMeasurements(0.01, 0.01 * wait_fraction, 100, 3, 64, "float32")

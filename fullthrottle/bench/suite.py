@@ -178,6 +178,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
             global_batch_size=ours.batch.global_batch,
             precision_policy=ours.policy,
             input_cached=resolve_cache(config, data.train_files)[0],
+            model_kind=config.resolved_model(data.model_inputs),
         ),
         config,
         device_facts(),

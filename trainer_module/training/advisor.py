@@ -88,6 +88,7 @@ class StepTimeMeasurements:
     # Whether the training input was served from the in-memory cache (None = unknown): the
     # advisor does not suggest `cache` for a run that already had it.
     input_cached: bool | None = None
+    model_kind: str | None = None  # "tabular" | "transformer" (None = unknown)
 
     @property
     def input_wait_fraction(self) -> float:
@@ -106,6 +107,7 @@ def measurements_from_history(
     global_batch_size: int,
     precision_policy: str,
     input_cached: bool | None = None,
+    model_kind: str | None = None,
 ) -> StepTimeMeasurements:
     """From the controller's loop records (``wall_time``, ``steps``, ``input_wait_time``).
 
@@ -125,6 +127,7 @@ def measurements_from_history(
         global_batch_size=global_batch_size,
         precision_policy=precision_policy,
         input_cached=input_cached,
+        model_kind=model_kind,
     )
 
 
@@ -227,6 +230,16 @@ def _compute_advice(
                     "float32 rate (measured 410 vs 213 GFLOP/s on the CI machine)",
                 )
             )
+    if m.model_kind == "transformer" and not config.fused_kernels and not config.jit_compile:
+        advice.append(
+            _item(
+                "fused_kernels",
+                True,
+                "runs the Transformer's layer norms, GELU, softmax dropout and residual dropouts "
+                "as fused XLA kernels between the matmuls (same maths and weights; measured "
+                "1.24x on the d_model 256 bench Transformer in mixed_bfloat16 on CPU)",
+            )
+        )
     if not config.jit_compile:
         if device.has_gpu:
             advice.append(
@@ -324,6 +337,7 @@ def advise_result(
         global_batch_size=result.global_batch_size,
         precision_policy=result.precision_policy,
         input_cached=getattr(result, "input_cached", None),
+        model_kind=getattr(result, "model_kind", None),
     )
     return advise(measurements, config, device or device_facts())
 

@@ -159,16 +159,23 @@ def dropout_add(x, h, noise, threshold: int, scale: float):
     return fn(x, h)
 
 
+def dropout(h, noise, threshold: int, scale: float):
+    """``dropout(h)`` with the same mask rule as :func:`dropout_add`."""
+    t = tf.constant(threshold, tf.uint8)
+    s = tf.constant(scale, tf.float32)
+
+    @tf.custom_gradient
+    def fn(h):
+        def grad(dy):
+            return _dropout_backward(noise, t, s, dy)
+
+        return _dropout_backward(noise, t, s, h), grad
+
+    return fn(h)
+
+
 # -------------------------------------------------------------------- masked softmax+dropout
 _MASKED = -1e9  # Keras' Softmax(mask=...) adds this where the mask is False
-
-
-@tf.custom_gradient
-def _dropout(p, noise, threshold, scale):
-    def grad(dy):
-        return _dropout_backward(noise, threshold, scale, dy), None, None, None
-
-    return _dropout_backward(noise, threshold, scale, p), grad
 
 
 def masked_softmax_dropout(scores, mask, noise, threshold: int, scale: float):
@@ -183,6 +190,4 @@ def masked_softmax_dropout(scores, mask, noise, threshold: int, scale: float):
     probs = tf.nn.softmax(scores + tf.cast(bias, scores.dtype), axis=-1)
     if noise is None:
         return probs
-    t = tf.constant(threshold, tf.uint8)
-    s = tf.constant(scale, tf.float32)
-    return _dropout(probs, noise, t, s)
+    return dropout(probs, noise, threshold, scale)

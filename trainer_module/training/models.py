@@ -11,6 +11,8 @@ int64 [batch]; text: int64 [batch, seq_len] with 0 = padding). Output: float32 [
 
 from __future__ import annotations
 
+import math
+
 import keras
 import tensorflow as tf
 from keras import layers, ops
@@ -57,11 +59,12 @@ class ByteDropout(layers.Layer):
     like Keras' own Dropout. Identity at inference.
     """
 
-    def __init__(self, rate: float, seed: int | None = None, **kwargs):
+    def __init__(self, rate: float, seed: int | None = None, fused: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.supports_masking = True  # element-wise, like Keras' Dropout: masks pass through
         self.rate = float(rate)
         self.seed = seed
+        self.fused = fused  # training models: one XLA kernel (fused.dropout), same mask
         # min(255): a rate that rounds to 256/256 would overflow the uint8 threshold.
         self.threshold = min(255, round(self.rate * 256))
         self.scale = 256.0 / (256 - self.threshold)
@@ -76,11 +79,14 @@ class ByteDropout(layers.Layer):
         if not training or not self.threshold:
             return inputs
         x = tf.convert_to_tensor(inputs)
-        keep = self.noise(tf.shape(x)) >= tf.constant(self.threshold, tf.uint8)
+        noise = self.noise(tf.shape(x))
+        if self.fused:
+            return fused_kernels.dropout(x, noise, self.threshold, self.scale)
+        keep = noise >= tf.constant(self.threshold, tf.uint8)
         return tf.where(keep, x * tf.cast(self.scale, x.dtype), tf.zeros_like(x))
 
     def get_config(self):
-        return {**super().get_config(), "rate": self.rate, "seed": self.seed}
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed, "fused": self.fused}
 
 
 @keras.saving.register_keras_serializable(package="fullthrottle")
@@ -98,62 +104,14 @@ class ByteDropoutAttention(layers.MultiHeadAttention):
     """Keras MultiHeadAttention whose attention-probability dropout ([B, heads, S, S], the
     block's largest dropout) is a :class:`ByteDropout`. Keras 3.15 keeps that dropout in the
     private ``_dropout_layer`` made in ``build``; it is replaced there, before Keras locks the
-    layer's state. Same weights and maths otherwise.
-
-    ``fused=True`` (training models): masked softmax and dropout run as one XLA kernel
-    (:func:`fused.masked_softmax_dropout`) between the two attention einsums.
+    layer's state. Same weights and maths otherwise. (Training models with ``fused=True``
+    do not call it: :meth:`TransformerBlock._fused_self_attention` uses its weights.)
     """
-
-    def __init__(self, *args, fused: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fused = fused
 
     def build(self, query_shape, value_shape, key_shape=None):
         super().build(query_shape, value_shape, key_shape)
         if self._dropout > 0.0:
             self._dropout_layer = ByteDropout(self._dropout, dtype=self.dtype_policy)
-
-    def _compute_attention(
-        self,
-        query,
-        key,
-        value,
-        attention_mask=None,
-        training=None,
-        return_attention_scores=False,
-        use_causal_mask=False,
-    ):
-        if not self.fused or use_causal_mask:
-            return super()._compute_attention(
-                query,
-                key,
-                value,
-                attention_mask=attention_mask,
-                training=training,
-                return_attention_scores=return_attention_scores,
-                use_causal_mask=use_causal_mask,
-            )
-        # The same steps as Keras' MultiHeadAttention._compute_attention (explicit-scores path).
-        query = ops.multiply(query, ops.cast(self._inverse_sqrt_key_dim, query.dtype))
-        scores = ops.einsum(self._dot_product_equation, key, query)  # [B, N, T, S]
-        if attention_mask is None:
-            mask = tf.ones([1, 1, 1, 1], tf.bool)
-        else:
-            mask = tf.cast(attention_mask, tf.bool)
-            for _ in range(len(scores.shape) - len(mask.shape)):
-                mask = tf.expand_dims(mask, axis=-len(self._attention_axes) * 2 - 1)
-        dropout = self._dropout_layer if self._dropout > 0.0 else None
-        if training and dropout is not None and dropout.threshold:
-            noise = dropout.noise(tf.shape(scores))
-            probs = fused_kernels.masked_softmax_dropout(
-                scores, mask, noise, dropout.threshold, dropout.scale
-            )
-        else:
-            probs = fused_kernels.masked_softmax_dropout(scores, mask, None, 0, 1.0)
-        return ops.einsum(self._combine_equation, probs, value), probs
-
-    def get_config(self):
-        return {**super().get_config(), "fused": self.fused}
 
 
 @keras.saving.register_keras_serializable(package="fullthrottle")
@@ -187,8 +145,9 @@ class TransformerBlock(layers.Layer):
 
     Pre-LN trains stably without a learning-rate warm-up tuned per depth (Xiong et al. 2020).
 
-    ``fused=True`` (the training model, ``TrainingConfig.fused_kernels``): layer norms, GELU,
-    attention dropout and each dropout + residual add run as XLA kernels (:mod:`fused`);
+    ``fused=True`` (the training model, ``TrainingConfig.fused_kernels``): layer norms,
+    bias+GELU, attention dropout and each dropout + residual add run as XLA kernels
+    (:mod:`fused`), and self-attention as one QKV matmul (:meth:`_fused_self_attention`);
     same weights and maths, so the plain (serving) twin loads them as is.
     """
 
@@ -199,9 +158,7 @@ class TransformerBlock(layers.Layer):
         self.fused = fused
         p = self.dtype_policy
         self.ln1 = LayerNorm(epsilon=1e-6, fused=fused, dtype=p)
-        self.mha = ByteDropoutAttention(
-            heads, d_model // heads, dropout=dropout_rate, fused=fused, dtype=p
-        )
+        self.mha = ByteDropoutAttention(heads, d_model // heads, dropout=dropout_rate, dtype=p)
         self.ln2 = LayerNorm(epsilon=1e-6, fused=fused, dtype=p)
         # No activation here: call() applies GELU (plain or fused).
         self.ffn1 = layers.Dense(ffn_dim, dtype=p)
@@ -225,9 +182,60 @@ class TransformerBlock(layers.Layer):
         noise = self.drop.noise(tf.shape(h))
         return fused_kernels.dropout_add(x, h, noise, self.drop.threshold, self.drop.scale)
 
+    def _fused_self_attention(self, h, attention_mask, training):
+        """``self.mha(h, h, attention_mask)`` with the same weights, as 2 matmuls instead of 4
+        einsums: Q, K and V projected by ONE [d, 3d] matmul (the 1/sqrt(head dim) query scale
+        folded into its query columns), one BiasAdd (its gradient is one BiasAddGrad instead
+        of three Sums and the input gradient one matmul instead of three plus an AddN), heads
+        split by one transpose; the output projection one [d, d] matmul."""
+        mha, d, heads = self.mha, self.d_model, self.heads
+        size = d // heads
+        scale = 1.0 / math.sqrt(size)
+        q_dense, k_dense, v_dense = mha._query_dense, mha._key_dense, mha._value_dense
+        kernel = tf.concat(
+            [
+                tf.reshape(q_dense.kernel, [d, d]) * tf.cast(scale, h.dtype),
+                tf.reshape(k_dense.kernel, [d, d]),
+                tf.reshape(v_dense.kernel, [d, d]),
+            ],
+            axis=1,
+        )
+        bias = tf.concat(
+            [
+                tf.reshape(q_dense.bias, [d]) * tf.cast(scale, h.dtype),
+                tf.reshape(k_dense.bias, [d]),
+                tf.reshape(v_dense.bias, [d]),
+            ],
+            axis=0,
+        )
+        batch, seq = tf.shape(h)[0], tf.shape(h)[1]
+        qkv = tf.nn.bias_add(tf.matmul(tf.reshape(h, [-1, d]), kernel), bias)
+        qkv = tf.transpose(tf.reshape(qkv, [batch, seq, 3, heads, size]), [2, 0, 3, 1, 4])
+        q, k, v = qkv[0], qkv[1], qkv[2]  # [B, heads, S, size]
+        scores = tf.matmul(q, k, transpose_b=True)  # [B, heads, S, S]
+        mask = tf.ones([1, 1, 1, 1], tf.bool) if attention_mask is None else attention_mask
+        mask = tf.cast(mask, tf.bool)
+        if len(mask.shape) == 3:
+            mask = mask[:, None, :, :]
+        dropout = mha._dropout_layer if mha._dropout > 0.0 else None
+        if training and dropout is not None and dropout.threshold:
+            probs = fused_kernels.masked_softmax_dropout(
+                scores, mask, dropout.noise(tf.shape(scores)), dropout.threshold, dropout.scale
+            )
+        else:
+            probs = fused_kernels.masked_softmax_dropout(scores, mask, None, 0, 1.0)
+        out = tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3])  # [B, S, heads, size]
+        o_dense = mha._output_dense
+        out = tf.matmul(tf.reshape(out, [-1, d]), tf.reshape(o_dense.kernel, [d, d]))
+        out = tf.nn.bias_add(out, o_dense.bias)
+        return tf.reshape(out, tf.shape(h))
+
     def call(self, x, attention_mask=None, training=None):
         h = self.ln1(x)
-        h = self.mha(h, h, attention_mask=attention_mask, training=training)
+        if self.fused:
+            h = self._fused_self_attention(h, attention_mask, training)
+        else:
+            h = self.mha(h, h, attention_mask=attention_mask, training=training)
         x = self._residual(x, h, training)
         h = self.ln2(x)
         if self.fused:
@@ -331,7 +339,7 @@ def build_model(
             d = config.transformer_d_model
             x = layers.Embedding(vocab, d, dtype=policy, name=f"tok_{name}")(ids)
             x = PositionEmbedding(seq_len, d, dtype=policy, name=f"pos_{name}")(x)
-            x = ByteDropout(config.dropout_rate, dtype=policy)(x)
+            x = ByteDropout(config.dropout_rate, fused=fused, dtype=policy)(x)
             mask = PaddingMask(dtype=policy, name=f"mask_{name}")(ids)
             for i in range(config.transformer_layers):
                 x = TransformerBlock(

@@ -84,7 +84,7 @@ def test_trainer_benchmark_on_tiny_transformer(text_data):
     result = suite._trainer_model(
         text_data, TINY_TRANSFORMER, TINY, TINY.transformer_window_steps, "transformer"
     )
-    for key in ("vs_tfx_example", "input_efficiency"):
+    for key in ("vs_tfx_example", "input_efficiency", "fused_vs_unfused"):
         entry = result[key]
         assert len(entry["paired"]) == TINY.repeats
         assert entry["ratio"] == pytest.approx(

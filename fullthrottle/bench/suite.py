@@ -155,14 +155,19 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     ours.measure(warm)  # tracing
     memory.measure(warm)
     baseline.measure(min(window, 20))
-    samples = alternate(
-        {
-            "ours": lambda: ours.measure(window),
-            "tfx_example": lambda: baseline.measure(window),
-            "ours_in_memory": lambda: memory.measure(window),
-        },
-        repeats=sizes.repeats,
-    )
+    contenders = {
+        "ours": lambda: ours.measure(window),
+        "tfx_example": lambda: baseline.measure(window),
+        "ours_in_memory": lambda: memory.measure(window),
+    }
+    # The fused-kernel lever, side by side: the same loop with the Transformer's plain Keras
+    # layers (training.fused_kernels=False). The tabular model has nothing to fuse.
+    fusable = config.resolved_model(data.model_inputs) == "transformer" and config.fused_kernels
+    if fusable:
+        unfused = OurLoop(data, dataclasses.replace(config, fused_kernels=False))
+        unfused.measure(warm)
+        contenders["ours_unfused"] = lambda: unfused.measure(window)
+    samples = alternate(contenders, repeats=sizes.repeats)
     flops = training_flops_per_example(data, config)
     ceilings = {dtype: matmul_ceiling(dtype) for dtype in {compute_dtype(ours.policy), "float32"}}
     ours_eps = describe(samples["ours"])["median"]
@@ -190,6 +195,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         "window_steps": window,
         "vs_tfx_example": _ratio_entry(samples, "ours", "tfx_example"),
         "input_efficiency": _ratio_entry(samples, "ours", "ours_in_memory"),
+        **({"fused_vs_unfused": _ratio_entry(samples, "ours", "ours_unfused")} if fusable else {}),
         "flops_per_example": flops,
         "matmul_ceiling": ceilings,
         "mfu": {
@@ -500,6 +506,12 @@ def markdown_table(document: dict[str, Any]) -> str:
             f"{_fmt_rate(v['ours'])} vs {_fmt_rate(v['tfx_example'])} | {_fmt_ratio(v)} | "
             f"{verdict(f'{model}_vs_tfx_example')} |"
         )
+        fv = m.get("fused_vs_unfused")
+        if fv:
+            rows.append(
+                f"| {model}: fused kernels on vs off (`training.fused_kernels`) | "
+                f"{_fmt_rate(fv['ours'])} vs {_fmt_rate(fv['ours_unfused'])} | {_fmt_ratio(fv)} | |"
+            )
         rows.append(
             f"| {model}: input efficiency (TFRecord / in-memory batches) | "
             f"{_fmt_rate(e['ours'])} vs {_fmt_rate(e['ours_in_memory'])} | {_fmt_ratio(e)} | "

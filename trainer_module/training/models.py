@@ -211,7 +211,8 @@ class TransformerBlock(layers.Layer):
         batch, seq = tf.shape(h)[0], tf.shape(h)[1]
         qkv = tf.nn.bias_add(tf.matmul(tf.reshape(h, [-1, d]), kernel), bias)
         qkv = tf.transpose(tf.reshape(qkv, [batch, seq, 3, heads, size]), [2, 0, 3, 1, 4])
-        q, k, v = qkv[0], qkv[1], qkv[2]  # [B, heads, S, size]
+        # unstack, not qkv[i]: a slice's gradient is a full-size zero tensor per slice + AddN.
+        q, k, v = tf.unstack(qkv, num=3, axis=0)  # [B, heads, S, size]
         scores = tf.matmul(q, k, transpose_b=True)  # [B, heads, S, S]
         mask = tf.ones([1, 1, 1, 1], tf.bool) if attention_mask is None else attention_mask
         mask = tf.cast(mask, tf.bool)

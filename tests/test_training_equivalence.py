@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.training_data import feature_spec, tabular_inputs, write_records
+from tests.training_data import feature_spec, tabular_inputs, text_inputs, write_records
 from trainer_module.training import TrainingConfig, train
 
 
@@ -63,6 +63,47 @@ def test_one_replica_vs_two_same_loss_trajectory(data, tmp_path):
     # error (wrong loss scaling, wrong data split, unsynced replicas) shows up at >= 1e-2.
     np.testing.assert_allclose(l2, l1, rtol=1e-4)
     assert _max_weight_diff(one, two) < 1e-4
+    assert l1[-1] < l1[0]
+
+
+@pytest.fixture(scope="module")
+def text_data(tmp_path_factory):
+    d = tmp_path_factory.mktemp("equiv_text")
+    inputs = text_inputs()
+    return inputs, write_records(d / "train", inputs, files=2, per_file=256)
+
+
+def test_fused_transformer_one_replica_vs_two_and_vs_unfused(text_data, tmp_path):
+    """The fused XLA kernels (the training default) under MirroredStrategy: the same loss
+    trajectory on 1 and 2 replicas, and the same as the plain Keras layers."""
+    transformer = dict(
+        model="transformer",
+        transformer_layers=1,
+        transformer_d_model=32,
+        transformer_heads=4,
+        transformer_ffn_dim=64,
+        hidden_units=(16,),
+    )
+    one = _train(text_data, tmp_path / "one", per_replica_batch_size=32, **transformer)
+    two = _train(
+        text_data,
+        tmp_path / "two",
+        per_replica_batch_size=16,
+        num_logical_cpu_devices=2,
+        **transformer,
+    )
+    plain = _train(
+        text_data,
+        tmp_path / "plain",
+        per_replica_batch_size=32,
+        fused_kernels=False,
+        **transformer,
+    )
+    assert two.strategy_name == "MirroredStrategy" and two.num_replicas == 2
+    l1, l2, lp = ([r["loss"] for r in run.history] for run in (one, two, plain))
+    np.testing.assert_allclose(l2, l1, rtol=1e-4)
+    np.testing.assert_allclose(lp, l1, rtol=1e-4)
+    assert _max_weight_diff(one, two) < 1e-4 and _max_weight_diff(one, plain) < 1e-4
     assert l1[-1] < l1[0]
 
 

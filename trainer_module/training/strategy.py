@@ -7,6 +7,7 @@ multi-worker TF_CONFIG, and a logical-CPU request TensorFlow can no longer honou
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -15,6 +16,22 @@ import tensorflow as tf
 
 from trainer_module.training.config import TrainingConfig
 from trainer_module.training.errors import ConfigError
+
+# Every MirroredStrategy starts its collective group keys at 1 + the class attribute
+# `_collective_key_base` (0 unless set; TensorFlow's own tests bump it). So a second strategy in
+# one process (a notebook training twice, the test suite) reuses the first one's collective
+# instances, and when its model's gradients have other shapes the all-reduce aborts with "Shape
+# mismatch in the collective instance" (seen: a tabular then a Transformer run). Each strategy
+# built here gets its own key range.
+_MIRRORED_KEY_STRIDE = 1_000_000
+_mirrored_key_bases = itertools.count()
+
+
+def _mirrored_strategy(devices: list[str]) -> tf.distribute.MirroredStrategy:
+    tf.distribute.MirroredStrategy._collective_key_base = (
+        next(_mirrored_key_bases) * _MIRRORED_KEY_STRIDE
+    )
+    return tf.distribute.MirroredStrategy(devices)
 
 
 @dataclass(frozen=True)
@@ -125,7 +142,7 @@ def create_strategy(config: TrainingConfig) -> tf.distribute.Strategy:
             devices = logical_cpu_devices(config.num_logical_cpu_devices)
         else:
             devices = ["/cpu:0"]
-        return tf.distribute.MirroredStrategy(devices)
+        return _mirrored_strategy(devices)
     if config.num_logical_cpu_devices > 1 and config.strategy == "one_device":
         raise ConfigError(
             "`num_logical_cpu_devices` > 1 needs `strategy` 'mirrored' or 'auto', not 'one_device'"

@@ -138,6 +138,17 @@ def test_masked_softmax_gives_padding_keys_no_weight_and_rows_sum_to_one():
     np.testing.assert_allclose(probs, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32])
+def test_a_row_with_every_key_masked_stays_finite(dtype):
+    # An empty text: every key is padding. Keras' masked softmax gives a uniform row; so must
+    # ours, in every compute dtype (-1e9 is -inf in float16).
+    scores = tf.cast(tf.random.normal([1, 2, 3, 4]), dtype)
+    mask = tf.zeros([1, 1, 1, 4], tf.bool)
+    probs = fused.masked_softmax_dropout(scores, mask, None, 0, 1.0)
+    assert probs.dtype == dtype
+    np.testing.assert_allclose(tf.cast(probs, tf.float32).numpy(), 0.25, rtol=0.01)
+
+
 def test_fused_dropout_model_trains_in_bfloat16_and_serving_twin_is_plain():
     config = TrainingConfig(**{**CONFIG.__dict__, "dropout_rate": 0.1})
     _, fast = _pair("mixed_bfloat16", config)

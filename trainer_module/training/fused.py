@@ -1,5 +1,5 @@
-"""Fused element-wise kernels for the Transformer's training graph: GELU, layer norm, masked
-softmax + dropout, dropout + residual add.
+"""Fused element-wise kernels for the Transformer's training graph: bias + GELU, layer norm,
+dropout (after attention's softmax, on embeddings) and dropout + residual add.
 
 Why: on CPU, mixed_bfloat16 halves the matmuls' time but not the element-wise work around
 them, and TensorFlow runs each element-wise op as its own pass over memory (exact GELU forward
@@ -9,7 +9,7 @@ about a third of op time and GELU alone a sixth. Each kernel here is a forward a
 function, both XLA-compiled (``jit_compile=True``), tied together with ``tf.custom_gradient``:
 XLA fuses each into one or two passes, while the matmuls between them stay on TensorFlow's
 oneDNN kernels (whole-model XLA was measured slower here: its CPU dots do not reach oneDNN's
-bf16 speed). Maths is the same as the Keras layers they replace (tests compare values and
+bf16 speed; an XLA softmax was slower than oneDNN's too, so the softmax stays TensorFlow's). Maths is the same as the Keras layers they replace (tests compare values and
 gradients); all arithmetic is float32 inside, inputs and outputs keep their dtype.
 
 Dropout masks are drawn by TensorFlow's stateless Philox kernel (outside XLA) as one random
@@ -175,7 +175,10 @@ def dropout(h, noise, threshold: int, scale: float):
 
 
 # -------------------------------------------------------------------- masked softmax+dropout
-_MASKED = -1e9  # Keras' Softmax(mask=...) adds this where the mask is False
+def _masked_value(dtype: tf.DType) -> float:
+    """What Keras' ``Softmax(mask=...)`` adds where the mask is False: -1e9, but -3e4 in
+    float16, where -1e9 is -inf and a row with every key masked would become NaN."""
+    return -3e4 if dtype == tf.float16 else -1e9
 
 
 def masked_softmax_dropout(scores, mask, noise, threshold: int, scale: float):
@@ -186,7 +189,7 @@ def masked_softmax_dropout(scores, mask, noise, threshold: int, scale: float):
     The softmax itself is TensorFlow's (oneDNN's kernel, in the scores' dtype, measured 2-3x
     faster than an XLA softmax here); the mask becomes an additive bias the size of the mask,
     and the dropout an XLA kernel that reuses its bytes in the backward pass."""
-    bias = tf.where(tf.cast(mask, tf.bool), 0.0, _MASKED)
+    bias = tf.where(tf.cast(mask, tf.bool), 0.0, _masked_value(scores.dtype))
     probs = tf.nn.softmax(scores + tf.cast(bias, scores.dtype), axis=-1)
     if noise is None:
         return probs

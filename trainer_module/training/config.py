@@ -94,8 +94,9 @@ class TrainingConfig:
     loss_scale_initial: float = 2.0**15  # float16 only: dynamic loss scale starting value
     loss_scale_growth_steps: int = 2000  # float16 only: finite steps before doubling the scale
     jit_compile: bool = False
-    # Transformer only: GELU, masked softmax + attention dropout and dropout + residual run as
-    # small XLA kernels between oneDNN matmuls (training/fused.py). Same maths and weights.
+    # Transformer only: layer norms, bias+GELU, the dropouts and dropout + residual run as small
+    # XLA kernels between oneDNN matmuls, self-attention as one QKV matmul (training/fused.py).
+    # Same maths and weights; the exported serving model is always the plain one.
     fused_kernels: bool = True
     run_eagerly: bool = False  # debugging / tests: no tf.function around the loop
     strategy: str = "auto"

@@ -67,12 +67,11 @@ def test_fused_model_matches_plain_model_outputs_and_gradients(policy, rtol, ato
         scale = max(float(np.abs(pg).max()), 1e-6)
         # Relative to the largest gradient entry of the variable: bf16 rounds each op's output.
         assert np.abs(fg - pg).max() <= rtol * scale + atol, var.path
+
     # The fused model's training graph really calls XLA kernels (the plain one none): equal
     # outputs alone would also hold if every fused path silently fell back to Keras.
     def xla_calls(model):
-        graph = (
-            tf.function(lambda f: model(f, training=True)).get_concrete_function(features).graph
-        )
+        graph = tf.function(lambda f: model(f, training=True)).get_concrete_function(features).graph
         return [
             op.name
             for op in graph.get_operations()

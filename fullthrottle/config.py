@@ -164,6 +164,8 @@ class TrackingConfig:
     request_timeout_seconds: int = 15
     flush_timeout_seconds: float = 60.0  # how long the end of training waits for queued metrics
     system_metrics_interval_seconds: float = 5.0  # CPU/memory/GPU sampling; 0 turns it off
+    # Training metrics go to MLflow in one request at most this often (0: at every checkpoint).
+    metrics_interval_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         if self.uri is not None and not self.uri.strip():
@@ -177,7 +179,11 @@ class TrackingConfig:
         _check_name(self.registry_alias, "tracking.registry_alias")
         if self.retries < 0:
             raise ConfigError(f"`tracking.retries` must be >= 0, got {self.retries}")
-        for name in ("retry_backoff_seconds", "system_metrics_interval_seconds"):
+        for name in (
+            "retry_backoff_seconds",
+            "system_metrics_interval_seconds",
+            "metrics_interval_seconds",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"`tracking.{name}` must be >= 0, got {getattr(self, name)}")
         for name in ("request_timeout_seconds", "flush_timeout_seconds"):

@@ -91,3 +91,41 @@ def test_journal_keeps_records_up_to_the_restored_step_and_survives_a_torn_line(
     kept = Journal(str(tmp_path / "j.jsonl")).keep_until(100)
     assert [r["step"] for r in kept] == [25, 50, 75, 100]
     assert [r["step"] for r in Journal(str(tmp_path / "j.jsonl")).read()] == [25, 50, 75, 100]
+
+
+def test_sender_holds_points_for_its_interval_and_a_flush_sends_them_at_once(tmp_path):
+    from mlflow.entities import Metric
+
+    channel = Channel(f"sqlite:///{tmp_path / 'mlflow.db'}", retries=0, backoff_seconds=0.1)
+    experiment = channel.client.create_experiment("sender")
+    run_id = channel.client.create_run(experiment).info.run_id
+    requests = []
+    log_batch = channel.client.log_batch
+
+    def counted_log_batch(*args, **kwargs):  # the real store call, counted
+        requests.append(len(kwargs["metrics"]))
+        return log_batch(*args, **kwargs)
+
+    channel.client.log_batch = counted_log_batch
+    sender = MetricSender(channel, interval_seconds=60.0)
+
+    def point(step):
+        return [Metric("loss", 1.0 / step, int(time.time() * 1000), step)]
+
+    def steps_stored():
+        return sorted(m.step for m in channel.client.get_metric_history(run_id, "loss"))
+
+    sender.send(run_id, point(1))  # the first request goes out at once
+    deadline = time.monotonic() + 20
+    while steps_stored() != [1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert steps_stored() == [1]
+    for step in (2, 3, 4):
+        sender.send(run_id, point(step))
+    time.sleep(1.0)
+    assert steps_stored() == [1]  # held back: the interval (60 s) has not passed
+    assert sender.flush(timeout=20)  # ends the wait: far sooner than 60 s
+    assert steps_stored() == [1, 2, 3, 4]
+    assert requests == [1, 3]  # the held points went out in one request
+    assert sender.close(timeout=20)
+    assert channel.status()["complete"]

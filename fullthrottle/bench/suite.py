@@ -44,7 +44,9 @@ class Sizes:
     transformer_window_steps: int = 50
     tabular_window_steps: int = 1000
     reader_batches: int = 400
-    tracking_train_steps: int = 1000
+    # Tabular steps take ~0.3 ms: 20k steps are ~5-10 s of training per sample, long enough for
+    # a 2% effect (200 steps, ~0.1 s per sample, gave ratios anywhere in 0.78-1.10).
+    tracking_train_steps: int = 20_000
     tracking_repeats: int = 3
     beam_rows: tuple[int, ...] = (250_000, 500_000, 1_000_000)
     beam_workers: tuple[int, ...] = (1, 2)
@@ -57,13 +59,13 @@ class Sizes:
 FULL = Sizes()
 # Quick mode (< 5 minutes on 2 shared cores): the same benchmarks, less of each. Beam runs one
 # point (5k rows, 1 worker: the 2-vs-1 ratio needs the full mode's sizes to mean anything, since
-# worker start-up dominates small inputs), the pipeline trains 100 steps, tracking 200.
+# worker start-up dominates small inputs), the pipeline trains 100 steps, tracking 4,000.
 QUICK = Sizes(
     repeats=3,
     transformer_window_steps=10,
     tabular_window_steps=500,
     reader_batches=200,
-    tracking_train_steps=200,
+    tracking_train_steps=4_000,
     tracking_repeats=2,
     beam_rows=(5_000,),
     beam_workers=(1,),

@@ -58,7 +58,8 @@ def train_tracked(
     kwargs["work_dir"] = work_dir
     hooks = list(kwargs.pop("hooks", ()))
     if tracking_uri is not None:
-        hooks.append(MlflowTrainingHook(link_for_new_run(tracking_uri)))
+        # The status file goes into the work dir, removed below with it.
+        hooks.append(MlflowTrainingHook(link_for_new_run(tracking_uri, status_dir=work_dir)))
     try:
         start = time.perf_counter()
         result = train(**kwargs, hooks=hooks)

@@ -199,7 +199,9 @@ class MlflowTrainingHook(TrainingHook):
         self._step = start_step
         os.makedirs(work_dir, exist_ok=True)
         self.journal = Journal(os.path.join(work_dir, JOURNAL))
-        self.sender = MetricSender(self.channel)
+        self.sender = MetricSender(
+            self.channel, interval_seconds=self.link.metrics_interval_seconds
+        )
         self.run_id = self._attach_run(training_key=os.path.basename(os.path.normpath(work_dir)))
         kept = self.journal.keep_until(start_step)
         if self.run_id is not None:

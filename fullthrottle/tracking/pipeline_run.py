@@ -281,6 +281,7 @@ class PipelineTracker:
             retry_backoff_seconds=tracking.retry_backoff_seconds,
             flush_timeout_seconds=tracking.flush_timeout_seconds,
             system_metrics_interval_seconds=tracking.system_metrics_interval_seconds,
+            metrics_interval_seconds=tracking.metrics_interval_seconds,
         )
         with contextlib.suppress(FileNotFoundError):
             self.status_path.unlink()  # a stale status from an earlier run must not be read

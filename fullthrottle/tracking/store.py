@@ -83,6 +83,8 @@ class TrainerLink:
     retry_backoff_seconds: float
     flush_timeout_seconds: float
     system_metrics_interval_seconds: float
+    # Default: an env link written by an older fullthrottle still parses.
+    metrics_interval_seconds: float = 5.0
 
     def to_env(self) -> str:
         return json.dumps(self.__dict__)

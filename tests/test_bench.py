@@ -84,7 +84,7 @@ def test_trainer_benchmark_on_tiny_transformer(text_data):
     result = suite._trainer_model(
         text_data, TINY_TRANSFORMER, TINY, TINY.transformer_window_steps, "transformer"
     )
-    for key in ("vs_tfx_example", "input_efficiency", "fused_vs_unfused"):
+    for key in ("vs_tfx_example", "input_efficiency", "fused_vs_unfused", "trimmed_vs_untrimmed"):
         entry = result[key]
         assert len(entry["paired"]) == TINY.repeats
         assert entry["ratio"] == pytest.approx(
@@ -92,6 +92,10 @@ def test_trainer_benchmark_on_tiny_transformer(text_data):
         )
     assert result["mfu"]["ours"] > 0 and result["mfu"]["tfx_example"] > 0
     assert result["mfu"]["ours_ceiling_dtype"] == "float32"
+    # Every synthetic text fills its 12 tokens: nothing to cut. MFU comes from the untrimmed
+    # loop, the one that computes the FLOPs it is credited with.
+    assert result["trimmed_length"] == {"mean": 12, "min": 12, "max": 12, "full": 12}
+    assert result["mfu"]["ours_contender"] == "ours_untrimmed"
     assert result["advisor"]["classification"] in (
         "not input-bound",
         "moderately input-bound",

@@ -80,6 +80,7 @@ class OurLoop:
             resolve_batch_sizes,
             resolve_precision_policy,
             scaled_learning_rate,
+            training_model_options,
         )
         from trainer_module.training.loop import TrainLoop
 
@@ -92,7 +93,7 @@ class OurLoop:
         self.batch = resolve_batch_sizes(config, self.strategy.num_replicas_in_sync)
         with self.strategy.scope():
             self.model = build_model(
-                data.model_inputs, config, self.policy, fused=config.fused_kernels
+                data.model_inputs, config, self.policy, **training_model_options(config)
             )
             optimizer = create_optimizer(
                 config, scaled_learning_rate(config, self.batch.global_batch), self.policy
@@ -304,6 +305,32 @@ def compute_dtype(policy: str) -> str:
 
 
 # ---------------------------------------------------------------------------------- tracking
+def trimmed_lengths(data: TrainingData, config: TrainingConfig, *, batches: int) -> dict[str, Any]:
+    """Mean length of the text after ``TrimPadding`` over the first training batches (the
+    first text column), and the full length: what trimming saves on this data."""
+    from trainer_module.training import make_dataset
+    from trainer_module.training.models import TrimPadding
+
+    name, (_, full) = next(iter(data.model_inputs.text.items()))
+    ds = make_dataset(
+        data.train_files,
+        data.feature_spec,
+        data.model_inputs,
+        config,
+        batch_size=config.per_replica_batch_size,
+        training=True,
+        compression=data.compression,
+    )
+    trim = TrimPadding()
+    lengths = [int(trim(features[name]).shape[1]) for features, _ in ds.take(batches)]
+    return {
+        "mean": statistics.mean(lengths),
+        "min": min(lengths),
+        "max": max(lengths),
+        "full": full,
+    }
+
+
 class _LoopTimer:
     """A training hook, listed first: time between the ends of loop 1 and the last loop, which
     covers every later loop plus the controller's work after each (the other hooks, the

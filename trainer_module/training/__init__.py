@@ -24,7 +24,11 @@ from trainer_module.training.inputs import (
     make_distributed_dataset,
     validate_feature_spec,
 )
-from trainer_module.training.models import build_model, build_serving_model
+from trainer_module.training.models import (
+    build_model,
+    build_serving_model,
+    training_model_options,
+)
 from trainer_module.training.optimization import WarmupSchedule, create_optimizer
 from trainer_module.training.precision import dtype_policy, resolve_precision_policy
 from trainer_module.training.strategy import cluster_info, create_strategy
@@ -51,6 +55,7 @@ __all__ = [
     "resolve_batch_sizes",
     "resolve_precision_policy",
     "scaled_learning_rate",
+    "training_model_options",
     "train",
     "validate_feature_spec",
 ]

@@ -98,6 +98,10 @@ class TrainingConfig:
     # XLA kernels between oneDNN matmuls, self-attention as one QKV matmul (training/fused.py).
     # Same maths and weights; the exported serving model is always the plain one.
     fused_kernels: bool = True
+    # Transformer only: each batch's text is cut after its longest text (rounded up to 16
+    # tokens) before the encoder: padding costs the same matmuls as tokens. Outputs and
+    # gradients are those of the full length; off under jit_compile (models.TrimPadding).
+    trim_padding: bool = True
     run_eagerly: bool = False  # debugging / tests: no tf.function around the loop
     strategy: str = "auto"
     num_logical_cpu_devices: int = 0

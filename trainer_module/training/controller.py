@@ -37,7 +37,11 @@ from trainer_module.training.inputs import (
     validate_feature_spec,
 )
 from trainer_module.training.loop import TrainLoop
-from trainer_module.training.models import build_model, build_serving_model
+from trainer_module.training.models import (
+    build_model,
+    build_serving_model,
+    training_model_options,
+)
 from trainer_module.training.optimization import create_optimizer, current_learning_rate
 from trainer_module.training.precision import loss_scale_variable, resolve_precision_policy
 from trainer_module.training.strategy import cluster_info, create_strategy, strategy_name
@@ -172,7 +176,7 @@ def train(
     peak_lr = scaled_learning_rate(config, batch.global_batch)
 
     with strategy.scope():
-        model = build_model(model_inputs, config, policy_name, fused=config.fused_kernels)
+        model = build_model(model_inputs, config, policy_name, **training_model_options(config))
         optimizer = create_optimizer(config, peak_lr, policy_name)
         # Build slots now so a checkpoint restores into existing variables (no deferred
         # restore, which Keras 3 optimizers do not support).

@@ -21,6 +21,7 @@ from trainer_module.training import TrainingConfig
 TINY = dataclasses.replace(
     suite.QUICK,
     repeats=2,
+    tabular_repeats=2,
     transformer_window_steps=3,
     tabular_window_steps=10,
     reader_batches=5,

@@ -41,6 +41,9 @@ class Sizes:
     """How much each benchmark measures."""
 
     repeats: int = 5
+    # Tabular windows are ~1.5 s: more of them cost little and steady the paired median (5 gave
+    # paired ratios anywhere in 0.93-1.00 for the same code on this shared machine).
+    tabular_repeats: int = 15
     transformer_window_steps: int = 50
     # Tabular steps take ~0.3 ms: 5,000 steps are ~1.5 s per window (1,000 steps swung +-10%).
     tabular_window_steps: int = 5000
@@ -63,6 +66,7 @@ FULL = Sizes()
 # worker start-up dominates small inputs), the pipeline trains 100 steps, tracking 4,000.
 QUICK = Sizes(
     repeats=3,
+    tabular_repeats=7,
     transformer_window_steps=10,
     tabular_window_steps=2000,
     reader_batches=200,
@@ -181,7 +185,8 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         untrimmed = OurLoop(data, dataclasses.replace(config, trim_padding=False))
         untrimmed.measure(warm)
         contenders["ours_untrimmed"] = lambda: untrimmed.measure(window)
-    samples = alternate(contenders, repeats=sizes.repeats)
+    repeats = sizes.tabular_repeats if name == "tabular" else sizes.repeats
+    samples = alternate(contenders, repeats=repeats)
     flops = training_flops_per_example(data, config)
     ceilings = {dtype: matmul_ceiling(dtype) for dtype in {compute_dtype(ours.policy), "float32"}}
     mfu_contender = "ours_untrimmed" if trims else "ours"

@@ -162,6 +162,18 @@ def test_fused_kernels_are_advised_only_for_a_transformer_run_without_them():
     assert "fused_kernels" not in fields("transformer", fused_kernels=False, jit_compile=True)
 
 
+def test_trim_padding_is_advised_only_for_a_transformer_run_without_it():
+    def fields(kind, **config):
+        m = StepTimeMeasurements(0.2, 0.001, 100, 3, 64, "mixed_bfloat16", model_kind=kind)
+        return _fields(advise(m, TrainingConfig(**config), CPU_BF16))
+
+    assert "trim_padding" in fields("transformer", trim_padding=False)
+    assert "trim_padding" not in fields("transformer")  # the default: already on
+    assert "trim_padding" not in fields("tabular", trim_padding=False)  # no text
+    # XLA needs shapes before the data: trimming is off under jit_compile by design.
+    assert "trim_padding" not in fields("transformer", trim_padding=False, jit_compile=True)
+
+
 def test_bands_and_small_steps():
     def at(wait_fraction: float) -> str:
         m = StepTimeMeasurements(0.01, 0.01 * wait_fraction, 100, 3, 64, "float32")

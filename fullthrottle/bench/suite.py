@@ -48,8 +48,8 @@ class Sizes:
     # Tabular steps take ~0.3 ms: 5,000 steps are ~1.5 s per window (1,000 steps swung +-10%).
     tabular_window_steps: int = 5000
     reader_batches: int = 400
-    # Tabular steps take ~0.3 ms: 20k steps are ~5-10 s of training per sample, long enough for
-    # a 2% effect (200 steps, ~0.1 s per sample, gave ratios anywhere in 0.78-1.10).
+    # Tabular steps take ~0.3 ms: 20k steps are ~5-10 s of training per sample (200 steps were
+    # ~0.1 s and gave ratios anywhere in 0.78-1.10; 20k still spread over 0.93-1.02).
     tracking_train_steps: int = 20_000
     tracking_repeats: int = 3
     beam_rows: tuple[int, ...] = (250_000, 500_000, 1_000_000)

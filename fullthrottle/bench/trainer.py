@@ -304,7 +304,6 @@ def compute_dtype(policy: str) -> str:
     return {"mixed_bfloat16": "bfloat16", "mixed_float16": "float16"}.get(policy, "float32")
 
 
-# ---------------------------------------------------------------------------------- tracking
 def trimmed_lengths(data: TrainingData, config: TrainingConfig, *, batches: int) -> dict[str, Any]:
     """Mean length of the text after ``TrimPadding`` over the first training batches (the
     first text column), and the full length: what trimming saves on this data."""
@@ -331,6 +330,7 @@ def trimmed_lengths(data: TrainingData, config: TrainingConfig, *, batches: int)
     }
 
 
+# ---------------------------------------------------------------------------------- tracking
 class _LoopTimer:
     """A training hook, listed first: time between the ends of loop 1 and the last loop, which
     covers every later loop plus the controller's work after each (the other hooks, the

@@ -240,6 +240,16 @@ def _compute_advice(
                 "1.31x on the d_model 256 bench Transformer in mixed_bfloat16 on a 2-core CPU)",
             )
         )
+    if m.model_kind == "transformer" and not config.trim_padding and not config.jit_compile:
+        advice.append(
+            _item(
+                "trim_padding",
+                True,
+                "cuts each batch's text after its longest text, so padding costs no matmuls "
+                "(same outputs and gradients; measured 2.3x on the bundled text data, whose "
+                "batches hold 57 of 128 tokens; no gain where texts fill the sequence)",
+            )
+        )
     if not config.jit_compile:
         if device.has_gpu:
             advice.append(

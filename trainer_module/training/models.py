@@ -60,9 +60,8 @@ class TrimPadding(layers.Layer):
     gradients are those of the full-length batch (tests compare them; one exception: with
     ``transformer_pooling: cls``, a text with no tokens at all pools its position 0, a padding
     position that attends only padding, whose value depends on how much padding there is).
-    Rounding to a multiple
-    keeps the number of distinct shapes small (at most S / multiple), since TensorFlow and the
-    fused XLA kernels specialise per shape. Training graphs only (not with ``jit_compile``: XLA
+    Rounding to a multiple keeps the number of distinct shapes small (at most S / multiple),
+    since TensorFlow and the fused XLA kernels specialise per shape. Training graphs only (not with ``jit_compile``: XLA
     needs shapes known before the data); the serving model keeps the full length.
     """
 

@@ -149,29 +149,18 @@ def test_cache_is_advised_only_when_the_input_was_not_cached():
     assert "per_replica_batch_size" in fields(True)  # what is left: fewer, larger batches
 
 
-def test_fused_kernels_are_advised_only_for_a_transformer_run_without_them():
+@pytest.mark.parametrize("field", ["fused_kernels", "trim_padding"])
+def test_transformer_levers_are_advised_only_for_a_transformer_run_without_them(field):
     def fields(kind, **config):
         m = StepTimeMeasurements(0.2, 0.001, 100, 3, 64, "mixed_bfloat16", model_kind=kind)
         return _fields(advise(m, TrainingConfig(**config), CPU_BF16))
 
-    assert "fused_kernels" in fields("transformer", fused_kernels=False)
-    assert "fused_kernels" not in fields("transformer")  # the default: already on
-    assert "fused_kernels" not in fields("tabular", fused_kernels=False)  # nothing to fuse
-    assert "fused_kernels" not in fields(None, fused_kernels=False)  # model unknown
-    # Whole-graph XLA already fuses everything (and replaces the kernels' boundaries).
-    assert "fused_kernels" not in fields("transformer", fused_kernels=False, jit_compile=True)
-
-
-def test_trim_padding_is_advised_only_for_a_transformer_run_without_it():
-    def fields(kind, **config):
-        m = StepTimeMeasurements(0.2, 0.001, 100, 3, 64, "mixed_bfloat16", model_kind=kind)
-        return _fields(advise(m, TrainingConfig(**config), CPU_BF16))
-
-    assert "trim_padding" in fields("transformer", trim_padding=False)
-    assert "trim_padding" not in fields("transformer")  # the default: already on
-    assert "trim_padding" not in fields("tabular", trim_padding=False)  # no text
-    # XLA needs shapes before the data: trimming is off under jit_compile by design.
-    assert "trim_padding" not in fields("transformer", trim_padding=False, jit_compile=True)
+    assert field in fields("transformer", **{field: False})
+    assert field not in fields("transformer")  # the default: already on
+    assert field not in fields("tabular", **{field: False})  # no text: nothing to fuse or trim
+    assert field not in fields(None, **{field: False})  # model unknown
+    # Whole-graph XLA fuses everything itself, and needs shapes before the data (no trimming).
+    assert field not in fields("transformer", **{field: False}, jit_compile=True)
 
 
 def test_bands_and_small_steps():

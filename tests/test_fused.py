@@ -9,19 +9,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.training_data import SEQ_LEN, VOCAB, text_inputs
+from tests.training_data import SEQ_LEN, SMALL_TRANSFORMER, VOCAB, text_inputs
 from trainer_module.training import TrainingConfig, build_model, fused
 from trainer_module.training.models import build_serving_model
 
-CONFIG = TrainingConfig(
-    model="transformer",
-    transformer_layers=2,
-    transformer_d_model=32,
-    transformer_heads=4,
-    transformer_ffn_dim=64,
-    hidden_units=(16,),
-    dropout_rate=0.0,
-)
+CONFIG = SMALL_TRANSFORMER
 
 
 def _batch(seed: int = 0, batch: int = 6):

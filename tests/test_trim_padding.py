@@ -10,20 +10,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer_module.training import ModelInputs, TrainingConfig, build_model
+from tests.training_data import SMALL_TRANSFORMER
+from trainer_module.training import ModelInputs, build_model
 from trainer_module.training.models import TrimPadding, training_model_options
 
 SEQ = 64
 INPUTS = ModelInputs(numeric=("x0",), text={"tokens": (50, SEQ)}, label="label", num_classes=3)
-CONFIG = TrainingConfig(
-    model="transformer",
-    transformer_layers=2,
-    transformer_d_model=32,
-    transformer_heads=4,
-    transformer_ffn_dim=64,
-    hidden_units=(16,),
-    dropout_rate=0.0,
-)
+CONFIG = SMALL_TRANSFORMER
 
 
 def _ids(lengths, seq=SEQ, seed=0):

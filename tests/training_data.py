@@ -11,7 +11,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from trainer_module.training import ModelInputs
+from trainer_module.training import ModelInputs, TrainingConfig
 
 NUM_CLASSES = 3
 CARDINALITY = 5
@@ -35,6 +35,18 @@ def text_inputs() -> ModelInputs:
         label="label",
         num_classes=NUM_CLASSES,
     )
+
+
+# A small 2-layer Transformer for tests that compare models on the same weights.
+SMALL_TRANSFORMER = TrainingConfig(
+    model="transformer",
+    transformer_layers=2,
+    transformer_d_model=32,
+    transformer_heads=4,
+    transformer_ffn_dim=64,
+    hidden_units=(16,),
+    dropout_rate=0.0,
+)
 
 
 def feature_spec(model_inputs: ModelInputs) -> dict[str, tf.io.FixedLenFeature]:

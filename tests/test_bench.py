@@ -81,11 +81,18 @@ def test_transformer_flops_follow_the_documented_formula(text_data):
     assert flops["training"] == 3 * forward
 
 
-def test_trainer_benchmark_on_tiny_transformer(text_data):
-    result = suite._trainer_model(
-        text_data, TINY_TRANSFORMER, TINY, TINY.transformer_window_steps, "transformer"
+def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path):
+    # In its own process, as the suite measures each model.
+    result = suite.measure_model_in_process(
+        tmp_path, text_data, TINY_TRANSFORMER, TINY, TINY.transformer_window_steps, "transformer"
     )
-    for key in ("vs_tfx_example", "input_efficiency", "fused_vs_unfused", "trimmed_vs_untrimmed"):
+    for key in (
+        "vs_tfx_example",
+        "input_efficiency",
+        "fused_vs_unfused",
+        "trimmed_vs_untrimmed",
+        "reader_vs_tfx_bsl",
+    ):
         entry = result[key]
         assert len(entry["paired"]) == TINY.repeats
         assert entry["ratio"] == pytest.approx(
@@ -102,6 +109,20 @@ def test_trainer_benchmark_on_tiny_transformer(text_data):
         "moderately input-bound",
         "highly input-bound",
     )
+    reader = result["reader_vs_tfx_bsl"]
+    assert reader["headroom_vs_training"] == pytest.approx(
+        reader["ours"]["median"] / result["vs_tfx_example"]["ours"]["median"]
+    )
+
+
+def test_trainer_benchmark_process_failure_is_reported(text_data, tmp_path):
+    missing = dataclasses.replace(text_data, train_files=(str(tmp_path / "gone.gz"),))
+    with pytest.raises(RuntimeError, match="transformer trainer benchmark process exited 1"):
+        suite.measure_model_in_process(tmp_path, missing, TINY_TRANSFORMER, TINY, 3, "transformer")
+    assert "Traceback" in (tmp_path / "trainer-transformer" / "stderr.log").read_text()
+
+
+def test_reader_rates_alternate_both_readers(text_data):
     readers = reader_rates(
         text_data, TINY_TRANSFORMER, batches=TINY.reader_batches, repeats=TINY.repeats
     )

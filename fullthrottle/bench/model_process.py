@@ -1,0 +1,28 @@
+"""Runs one model's trainer benchmarks in this process: ``python -m fullthrottle.bench.model_process
+JOB_DIR`` reads ``JOB_DIR/request.pickle`` (written by ``suite.measure_model_in_process``) and
+writes ``JOB_DIR/result.json``. A failure exits non-zero with the trace on stderr."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str]) -> int:
+    from fullthrottle.bench.suite import measure_model
+
+    job = Path(argv[0])
+    request = pickle.loads((job / "request.pickle").read_bytes())
+    result = measure_model(
+        request["data"], request["config"], request["sizes"], request["window"], request["name"]
+    )
+    tmp = job / "result.json.tmp"
+    tmp.write_text(json.dumps(result, default=str), encoding="utf-8")
+    tmp.replace(job / "result.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -166,6 +166,9 @@ class TrackingConfig:
     system_metrics_interval_seconds: float = 5.0  # CPU/memory/GPU sampling; 0 turns it off
     # Training metrics go to MLflow in one request at most this often (0: at every checkpoint).
     metrics_interval_seconds: float = 5.0
+    # One point per metric per this much training time: shorter loops are aggregated into one
+    # point (0: a point per loop). See docs/tracking.md.
+    metrics_resolution_seconds: float = 1.0
 
     def __post_init__(self) -> None:
         if self.uri is not None and not self.uri.strip():
@@ -183,6 +186,7 @@ class TrackingConfig:
             "retry_backoff_seconds",
             "system_metrics_interval_seconds",
             "metrics_interval_seconds",
+            "metrics_resolution_seconds",
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"`tracking.{name}` must be >= 0, got {getattr(self, name)}")

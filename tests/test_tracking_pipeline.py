@@ -31,6 +31,9 @@ COMMON = (
     "--set", f"training.steps_per_loop={LOOP}",
     "--set", "training.checkpoint_every_steps=100",
     "--set", "tracking.system_metrics_interval_seconds=1",
+    # A point per loop, so every loop's step can be checked across the kill; aggregating fast
+    # loops into points (the default) is checked in test_tracking_units.
+    "--set", "tracking.metrics_resolution_seconds=0",
 )  # fmt: skip
 
 

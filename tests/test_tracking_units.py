@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import pytest
+
 from fullthrottle.config import load_config
 from fullthrottle.redact import REDACTED, redact_text
 from fullthrottle.tracking.channel import Channel, MetricSender
@@ -129,3 +131,66 @@ def test_sender_holds_points_for_its_interval_and_a_flush_sends_them_at_once(tmp
     assert requests == [1, 3]  # the held points went out in one request
     assert sender.close(timeout=20)
     assert channel.status()["complete"]
+
+
+def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(tmp_path):
+    import dataclasses
+    from types import SimpleNamespace
+
+    from fullthrottle.tracking.bench import link_for_new_run
+    from fullthrottle.tracking.hook import MlflowTrainingHook
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    link = dataclasses.replace(
+        link_for_new_run(uri, status_dir=str(tmp_path), system_metrics_interval_seconds=0),
+        metrics_interval_seconds=0.0,
+        metrics_resolution_seconds=1.0,
+    )
+    work = str(tmp_path / "work")
+
+    def loop_metrics(step):  # 10 steps in 0.3 s: four loops make a point (1.2 s >= 1 s)
+        return {"loss": float(step), "learning_rate": 0.1, "examples_per_second": 1000.0 + step,
+                "input_wait_fraction": 0.0, "step_time": 0.03, "steps": 10, "wall_time": 0.3}  # fmt: skip
+
+    def train(hook, steps, checkpoint_every=50):
+        for step in steps:
+            hook.on_loop_end(step, loop_metrics(step))
+            if step % checkpoint_every == 0:
+                hook.on_checkpoint(step, f"ckpt-{step}")
+
+    first = MlflowTrainingHook(link)
+    first.on_train_begin({"work_dir": work, "start_step": 0})
+    train(first, range(10, 180, 10))  # points at 40, 80, 120, 160; checkpoints at 50, 100, 150
+    assert first.sender is not None and first.sender.flush(timeout=20)
+    run_id = first.run_id
+    # Killed at step 170: no on_train_end. Only the points a checkpoint covers were sent.
+    client = first.channel.client
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [40, 80, 120]
+
+    second = MlflowTrainingHook(link)
+    second.on_train_begin({"work_dir": work, "start_step": 150})  # the checkpoint at 150
+    assert second.run_id == run_id  # found again, not created twice
+    train(second, range(160, 260, 10))
+    second.on_train_end(
+        SimpleNamespace(
+            steps_completed=250,
+            eval_metrics={},
+            examples_per_second=1.0,
+            input_wait_fraction=0.0,
+            loss_scale_skipped_steps=0,
+        )  # fmt: skip
+    )
+    history = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
+    # 130-150 were trained and checkpointed before the kill but had no point: one at 150.
+    assert [m.step for m in history] == [40, 80, 120, 150, 190, 230, 250]
+    # Every loop counted once: a point's loss is its loops' mean, so loss x steps spanned sums
+    # to the loops' loss x steps (a loop lost or counted twice changes the sum).
+    steps = [m.step for m in history]
+    spans = [b - a for a, b in zip([0, *steps[:-1]], steps, strict=True)]
+    assert sum(m.value * span for m, span in zip(history, spans, strict=True)) == pytest.approx(
+        sum(step * 10 for step in range(10, 260, 10))
+    )
+    rates = {m.step: m.value for m in client.get_metric_history(run_id, "examples_per_second")}
+    assert rates[40] == pytest.approx(1025.0) and rates[250] == pytest.approx(1245.0)
+    step_time = client.get_metric_history(run_id, "step_time")
+    assert {round(m.value, 6) for m in step_time} == {0.03}

@@ -282,6 +282,7 @@ class PipelineTracker:
             flush_timeout_seconds=tracking.flush_timeout_seconds,
             system_metrics_interval_seconds=tracking.system_metrics_interval_seconds,
             metrics_interval_seconds=tracking.metrics_interval_seconds,
+            metrics_resolution_seconds=tracking.metrics_resolution_seconds,
         )
         with contextlib.suppress(FileNotFoundError):
             self.status_path.unlink()  # a stale status from an earlier run must not be read

@@ -85,6 +85,7 @@ class TrainerLink:
     system_metrics_interval_seconds: float
     # Default: an env link written by an older fullthrottle still parses.
     metrics_interval_seconds: float = 5.0
+    metrics_resolution_seconds: float = 1.0
 
     def to_env(self) -> str:
         return json.dumps(self.__dict__)

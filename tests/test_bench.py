@@ -70,6 +70,12 @@ def test_alternate_rotates_order_and_ratio_is_of_medians():
     verdict = {t["name"]: t for t in document_targets}["transformer_vs_tfx_example"]
     assert verdict["measured"] == pytest.approx(entry["paired_median"]) and not verdict["met"]
     assert describe(samples["a"])["spread"] == pytest.approx((30 - 10) / 20)
+    # MFU too is judged on the lower of its two estimates.
+    mfu = {"ours": 0.52, "ours_paired_median": 0.49}
+    verdict = {t["name"]: t for t in suite.targets({"trainer": {"transformer": {"mfu": mfu}}})}[
+        "transformer_mfu"
+    ]
+    assert verdict["measured"] == pytest.approx(0.49) and verdict["met"] is False
 
 
 def test_transformer_flops_follow_the_documented_formula(text_data):
@@ -100,6 +106,10 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path):
         )
     assert result["mfu"]["ours"] > 0 and result["mfu"]["tfx_example"] > 0
     assert result["mfu"]["ours_ceiling_dtype"] == "float32"
+    # The ceiling was a contender: one sample per repetition, each MFU over its neighbour.
+    assert len(result["matmul_ceiling"]["float32"]["samples"]) == TINY.repeats
+    mfu = result["mfu"]
+    assert mfu["ours_paired_min"] <= mfu["ours_paired_median"] <= mfu["ours_paired_max"]
     # Every synthetic text fills its 12 tokens: nothing to cut. MFU comes from the untrimmed
     # loop, the one that computes the FLOPs it is credited with.
     assert result["trimmed_length"] == {"mean": 12, "min": 12, "max": 12, "full": 12}

@@ -269,31 +269,43 @@ def training_flops_per_example(data: TrainingData, config: TrainingConfig) -> di
     return {"forward": forward, "training": 3 * forward}
 
 
+class MatmulCeiling:
+    """The machine's dense-matmul FLOP/s in ``dtype``: ``size`` x ``size`` square matmuls
+    chained inside one ``tf.function`` (no Python between them); ``measure()`` times one chain.
+    Built once, so it can be a contender alternated with the training windows."""
+
+    def __init__(self, dtype: str, *, size: int = 2048, iterations: int = 10):
+        self.dtype = (
+            tf.bfloat16 if "bfloat16" in dtype else tf.float16 if "float16" in dtype else tf.float32
+        )
+        self.size, self.iterations = size, iterations
+        a = tf.random.normal((size, size), dtype=tf.float32)
+        self.a = tf.cast(a / size**0.5, self.dtype)
+        a_ = self.a
+
+        @tf.function
+        def chain(x):
+            for _ in tf.range(iterations):
+                x = tf.matmul(x, a_)
+            return x
+
+        self._chain = chain
+        chain(self.a).numpy()  # trace + warm
+
+    def measure(self) -> float:
+        start = time.perf_counter()
+        self._chain(self.a).numpy()
+        return 2 * self.size**3 * self.iterations / (time.perf_counter() - start)
+
+
 def matmul_ceiling(
     dtype: str, *, size: int = 2048, iterations: int = 10, repeats: int = 5
 ) -> dict[str, Any]:
-    """Measured dense-matmul FLOP/s of this machine in ``dtype`` (``size`` x ``size`` square
-    matmuls chained inside one ``tf.function``, so no Python between them)."""
-    tf_dtype = (
-        tf.bfloat16 if "bfloat16" in dtype else tf.float16 if "float16" in dtype else tf.float32
-    )
-    a = tf.random.normal((size, size), dtype=tf.float32)
-    a = tf.cast(a / size**0.5, tf_dtype)
-
-    @tf.function
-    def chain(x):
-        for _ in tf.range(iterations):
-            x = tf.matmul(x, a)
-        return x
-
-    chain(a).numpy()  # trace + warm
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        chain(a).numpy()
-        rates.append(2 * size**3 * iterations / (time.perf_counter() - start))
+    """Measured dense-matmul FLOP/s of this machine in ``dtype`` (median of ``repeats`` chains)."""
+    ceiling = MatmulCeiling(dtype, size=size, iterations=iterations)
+    rates = [ceiling.measure() for _ in range(repeats)]
     return {
-        "dtype": tf_dtype.name,
+        "dtype": ceiling.dtype.name,
         "size": size,
         "flops_per_second": statistics.median(rates),
         "samples": rates,

@@ -5,6 +5,7 @@ writes ``JOB_DIR/result.json``. A failure exits non-zero with the trace on stder
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import sys
 from pathlib import Path
@@ -25,4 +26,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: with the Transformer's contenders (traced loops, live
+    # tf.data iterators) it took 87 s after the result was written, a third of the quick suite.
+    os._exit(code)

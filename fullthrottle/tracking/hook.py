@@ -300,7 +300,8 @@ class MlflowTrainingHook(TrainingHook):
         if self.journal is not None:
             self.journal.append(loop)
         self._loops.append(loop)
-        if sum(r["wall_time"] for r in self._loops) >= self._resolution:
+        # A loop without its time (a caller other than the controller) gets its own point.
+        if loop["wall_time"] <= 0 or sum(r["wall_time"] for r in self._loops) >= self._resolution:
             self._close_point()
 
     def _close_point(self) -> None:

@@ -28,8 +28,18 @@ from tests.helpers import run_cli  # noqa: E402
 def penguins_run(tmp_path_factory):
     """One real pipeline run on the bundled penguins data, shared by the tests that read it."""
     output_dir = tmp_path_factory.mktemp("penguins_run")
-    result = run_cli("run", "--output-dir", str(output_dir), "--set", "training.train_steps=300")
+    # Its own temp folder, so tests can check what a run leaves behind there (result.tmpdir).
+    tmpdir = tmp_path_factory.mktemp("penguins_run_tmp")
+    result = run_cli(
+        "run",
+        "--output-dir",
+        str(output_dir),
+        "--set",
+        "training.train_steps=300",
+        env={"TMPDIR": str(tmpdir)},
+    )
     assert result.returncode == 0, (
         f"fullthrottle run failed:\n{result.stdout}\n{result.stderr[-5000:]}"
     )
+    result.tmpdir = tmpdir
     return output_dir, result

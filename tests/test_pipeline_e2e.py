@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from fullthrottle.config import BeamConfig
+from pipelines.local_runner import beam_pipeline_args
 from tests.helpers import eval_split_examples, label_of, last_run, run_cli, served_dirs, strip_label
 
 # The stock steps every run has; the schema step's id depends on whether the schema is imported.
@@ -109,6 +111,20 @@ def test_raw_feature_signature_matches_example_signature(penguins_run):
     np.testing.assert_allclose(raw_probabilities, example_probabilities, atol=1e-5)
 
 
+def _tfx_packaging_leftovers(tmpdir: Path) -> list[str]:
+    """What TFX's Beam executors leave in temp folders when given Beam arguments: an sdist of
+    TFX itself per component (~50 MB each), and Beam's staging lists for it."""
+    found = [*tmpdir.rglob("tfx_ephemeral*"), *tmpdir.rglob("extra_packages.txt")]
+    return sorted(str(p.relative_to(tmpdir)) for p in found)
+
+
+def test_a_default_run_leaves_no_tfx_package_in_the_temp_folder(penguins_run):
+    # in_memory is DirectRunner's default: no Beam argument, so TFX does not package itself.
+    _, result = penguins_run
+    assert _tfx_packaging_leftovers(Path(result.tmpdir)) == []
+    assert beam_pipeline_args(BeamConfig()) == []
+
+
 def test_second_run_reuses_the_cache(penguins_run):
     output_dir, _ = penguins_run
     first = last_run(output_dir)
@@ -127,10 +143,12 @@ def test_second_run_reuses_the_cache(penguins_run):
 
 def test_multi_processing_beam_mode_runs_the_whole_pipeline(tmp_path):
     """DirectRunner multi_processing with 2 workers: the option path a distributed runner uses."""
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
     result = run_cli(
         "run",
         "--output-dir",
-        str(tmp_path),
+        str(tmp_path / "out"),
         "--set",
         "beam.direct_running_mode=multi_processing",
         "--set",
@@ -139,9 +157,14 @@ def test_multi_processing_beam_mode_runs_the_whole_pipeline(tmp_path):
         "training.train_steps=100",
         "--set",
         "evaluation.accuracy_threshold=0.5",
+        env={"TMPDIR": str(tmpdir)},
     )
     assert result.returncode == 0, result.stderr[-4000:]
-    last = last_run(tmp_path)
+    # With Beam arguments TFX packages itself for every Beam component; the run's scratch temp
+    # folder takes those packages away with it.
+    assert _tfx_packaging_leftovers(tmpdir) == []
+    assert not list(tmpdir.glob("fullthrottle-run-*"))
+    last = last_run(tmp_path / "out")
     assert last["config"]["beam"]["direct_running_mode"] == "multi_processing"
     assert_all_components_completed(last)
     assert last["pushed_model_dir"]

@@ -152,7 +152,7 @@ def run_transform_prefix(config: Config) -> dict[str, Any]:
 
     from fullthrottle.data import prepare_data
     from fullthrottle.outcome import read_latest_run
-    from pipelines.local_runner import build_local_pipeline
+    from pipelines.local_runner import build_local_pipeline, run_pipeline
 
     prepared = prepare_data(config)
     full = build_local_pipeline(config, input_base=prepared.input_base)
@@ -172,7 +172,7 @@ def run_transform_prefix(config: Config) -> dict[str, Any]:
         beam_pipeline_args=full.beam_pipeline_args,
     )
     started = time.perf_counter()
-    tfx.orchestration.LocalDagRunner().run(pipeline)
+    run_pipeline(pipeline)
     wall = time.perf_counter() - started
     outcome = read_latest_run(str(config.mlmd_path))
     seconds = {name: comp.seconds for name, comp in outcome.components.items()} if outcome else {}

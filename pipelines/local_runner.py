@@ -58,10 +58,7 @@ def run_pipeline(pipeline: tfx.dsl.Pipeline) -> None:
     `beam_pipeline_args`); those run in this process, so a scratch temp folder removed after the
     run keeps them from piling up (~50 MB each: 3,900 of them, 67 GB, had filled this machine's
     disk)."""
-    if pipeline.beam_pipeline_args:
-        with _scratch_tempdir():
-            tfx.orchestration.LocalDagRunner().run(pipeline)
-    else:
+    with _scratch_tempdir() if pipeline.beam_pipeline_args else contextlib.nullcontext():
         tfx.orchestration.LocalDagRunner().run(pipeline)
 
 

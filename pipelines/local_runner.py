@@ -6,16 +6,14 @@ from ML Metadata. It contains no training or data logic.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from tfx import v1 as tfx
 
 from fullthrottle.config import BeamConfig, Config
+from fullthrottle.scratch import scratch_tempdir
 from pipelines.pipeline import create_pipeline
 
 
@@ -38,27 +36,15 @@ def beam_pipeline_args(beam: BeamConfig) -> list[str]:
     return args
 
 
-@contextlib.contextmanager
-def _scratch_tempdir() -> Iterator[None]:
-    """Python's temp folder points at a new folder inside the usual one for the duration, and
-    that folder is deleted after: what TFX's executors leave in temp folders goes with it."""
-    scratch = tempfile.mkdtemp(prefix="fullthrottle-run-")
-    previous = tempfile.tempdir
-    tempfile.tempdir = scratch
-    try:
-        yield
-    finally:
-        tempfile.tempdir = previous
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
 def run_pipeline(pipeline: tfx.dsl.Pipeline) -> None:
-    """`LocalDagRunner().run(pipeline)`. With Beam arguments (a mode other than `in_memory`, or
-    `beam.extra_args`) TFX builds its throw-away sdist for every Beam component (see
-    `beam_pipeline_args`); those run in this process, so a scratch temp folder removed after the
-    run keeps them from piling up (~50 MB each: 3,900 of them, 67 GB, had filled this machine's
+    """`LocalDagRunner().run(pipeline)` with Python's temp folder pointed at a scratch folder
+    that is removed after the run. What TFX and Beam make in temp folders and do not delete
+    stays there: Beam's job-server and pipeline folders, TFX executors' temp folders (13 empty
+    folders per default run, measured), and with Beam arguments (a mode other than `in_memory`,
+    or `beam.extra_args`) the throw-away sdist TFX builds of itself for every Beam component
+    (see `beam_pipeline_args`; ~50 MB each: 3,900 of them, 67 GB, had filled this machine's
     disk)."""
-    with _scratch_tempdir() if pipeline.beam_pipeline_args else contextlib.nullcontext():
+    with scratch_tempdir(prefix="fullthrottle-run-"):
         tfx.orchestration.LocalDagRunner().run(pipeline)
 
 

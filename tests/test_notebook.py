@@ -18,6 +18,9 @@ pytestmark = pytest.mark.slow
 def test_walkthrough_notebook_runs_and_shows_statistics_schema_and_curves(tmp_path, monkeypatch):
     monkeypatch.setenv("FULLTHROTTLE_NOTEBOOK_OUTPUT", str(tmp_path / "out"))
     monkeypatch.setenv("FULLTHROTTLE_NOTEBOOK_STEPS", "100")
+    temp = tmp_path / "temp"  # the kernel's temp folder
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(
         notebook,
@@ -45,6 +48,9 @@ def test_walkthrough_notebook_runs_and_shows_statistics_schema_and_curves(tmp_pa
     first, last = map(float, losses.groups())
     assert last < first
     assert "blessed: True" in text
+    # Under IPython Beam leaves a temp folder per pipeline; the notebook's scratch folders took
+    # them away.
+    assert sorted(p.name for p in temp.iterdir()) == []
     # The notebook file itself stays free of outputs (it is executed here, not stored run).
     assert all(
         not cell.get("outputs")

@@ -13,12 +13,12 @@ import argparse
 import dataclasses
 import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.run import add_config_arguments, config_from_args
 from fullthrottle.errors import DataError
+from fullthrottle.scratch import scratch_tempdir
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     if not output.parent.exists():
         raise DataError(f"the folder of --output {output} does not exist; create it first")
     config = config_from_args(args)
-    with tempfile.TemporaryDirectory(prefix="fullthrottle-schema-") as work_dir:
+    # The staged data, and the temp folders Beam and TFDV leave, go with the scratch folder.
+    with scratch_tempdir(prefix="fullthrottle-schema-") as work_dir:
         text = infer_schema_text(config, work_dir=work_dir)
     # Written beside the target and renamed, so a failed write never leaves half a schema.
     tmp = output.with_name(f".{output.name}.tmp")

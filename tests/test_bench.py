@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -156,10 +158,13 @@ def test_tracking_benchmark_runs_train_with_and_without_mlflow(text_data, tmp_pa
     assert any(r.data.metrics.get("examples_per_second") for r in runs)
 
 
-def test_beam_benchmark_and_results_document(tmp_path):
-    document = suite.run_suite(
-        sizes=TINY, mode="tiny", work_dir=tmp_path / "work", only=("beam",), log=lambda m: None
-    )
+def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
+    # No work_dir: the suite's temp work folder is removed after a run where nothing failed.
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    document = suite.run_suite(sizes=TINY, mode="tiny", only=("beam",), log=lambda m: None)
+    assert document["work_dir"] is None and list(temp.iterdir()) == []
     beam = document["results"]["beam"]
     assert "error" not in beam, beam.get("trace")
     (point,) = beam["points"]
@@ -174,3 +179,14 @@ def test_beam_benchmark_and_results_document(tmp_path):
         and json.loads(json_path.read_text())["results"]["beam"]["points"][0]["rows"] == 120
     )
     assert "Beam: ExampleGen + Transform, 120 rows, 1 worker(s)" in md_path.read_text()
+
+
+def test_a_failed_benchmark_keeps_the_temp_work_folder_for_its_logs(tmp_path, monkeypatch):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    broken = dataclasses.replace(TINY, beam_workers=(-1,))  # refused by BeamConfig
+    document = suite.run_suite(sizes=broken, mode="tiny", only=("beam",), log=lambda m: None)
+    assert "direct_num_workers" in document["results"]["beam"]["error"]
+    work = Path(document["work_dir"])
+    assert work.parent == temp and (work / "beam").is_dir()

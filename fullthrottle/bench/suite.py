@@ -13,6 +13,7 @@ import json
 import os
 import pickle
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -462,7 +463,14 @@ def run_suite(
     only: Sequence[str] = BENCHMARKS,
     log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
 ) -> dict[str, Any]:
-    """Runs the selected benchmarks and returns the results document (not written)."""
+    """Runs the selected benchmarks and returns the results document (not written).
+
+    Pipeline runs and data go to ``work_dir``, or without one to a temp folder that is removed
+    after a run where every benchmark succeeded (full mode writes generated CSVs of up to 1M
+    rows and their pipeline outputs) and kept when one failed, for its logs
+    (``document["work_dir"]``).
+    """
+    scratch = work_dir is None
     work = Path(work_dir or tempfile.mkdtemp(prefix="fullthrottle-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -496,6 +504,9 @@ def run_suite(
         "results": results,
     }
     document["targets"] = targets(results)
+    if scratch and not any("error" in part for part in results.values()):
+        shutil.rmtree(work, ignore_errors=True)
+        document["work_dir"] = None
     return document
 
 

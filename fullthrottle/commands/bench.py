@@ -78,4 +78,6 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(document))
     print(f"results: {json_path} and {md_path}")
     failed = [name for name, part in document["results"].items() if "error" in part]
+    if failed and document["work_dir"]:
+        print(f"work folder (runs, data, logs of the failed benchmarks): {document['work_dir']}")
     return 1 if failed else 0

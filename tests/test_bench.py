@@ -89,11 +89,19 @@ def test_transformer_flops_follow_the_documented_formula(text_data):
     assert flops["training"] == 3 * forward
 
 
-def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path):
+def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     # In its own process, as the suite measures each model.
+    work = tmp_path / "work"
     result = suite.measure_model_in_process(
-        tmp_path, text_data, TINY_TRANSFORMER, TINY, TINY.transformer_window_steps, "transformer"
+        work, text_data, TINY_TRANSFORMER, TINY, TINY.transformer_window_steps, "transformer"
     )
+    # The process skips teardown, so autograph's generated files stay: in the job's own temp
+    # folder (removed with the suite's work folder), not in the user's.
+    assert list(temp.iterdir()) == []
+    assert list((work / "trainer-transformer" / "tmp").glob("__autograph_generated_file*"))
     for key in (
         "vs_tfx_example",
         "input_efficiency",

@@ -295,7 +295,15 @@ def measure_model_in_process(
     (job / "request.pickle").write_bytes(pickle.dumps(request))
     result_path = job / "result.json"
     result_path.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # Its own temp folder inside the job folder: the process exits without teardown (see
+    # model_process), so what TensorFlow removes at exit (autograph's generated files, ~15 per
+    # run) would otherwise stay in the user's temp folder.
+    (job / "tmp").mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "TMPDIR": str(job / "tmp"),
+    }
     command = [sys.executable, "-m", "fullthrottle.bench.model_process", str(job)]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     (job / "stderr.log").write_text(done.stderr, encoding="utf-8")

@@ -71,6 +71,10 @@ class PipelineProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(code) + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # A SIGKILLed run cannot remove its scratch folder: keep it in the test's tmp.
+        temp = output_dir.with_name(f"{output_dir.name}-tmp")
+        temp.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(temp)
         self.lines: list[str] = []
         self.mlmd_states: dict[str, str] = {}  # after a kill: this run's components in MLMD
         self.proc = subprocess.Popen(

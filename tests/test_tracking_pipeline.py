@@ -46,10 +46,13 @@ def _cli_env(uri: str) -> dict[str, str]:
 
 
 def _start_cli(*args: str, uri: str, log: Path) -> subprocess.Popen:
+    # Such runs get SIGKILLed: their scratch temp folder stays in the test's tmp, beside the log.
+    temp = log.with_name(f"{log.stem}-tmp")
+    temp.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-m", "fullthrottle", *args],
         cwd=REPO,
-        env=_cli_env(uri),
+        env={**_cli_env(uri), "TMPDIR": str(temp)},
         stdout=open(log, "w"),  # noqa: SIM115 - the child owns it
         stderr=subprocess.STDOUT,
         text=True,
@@ -214,7 +217,9 @@ def test_pipeline_run_is_tracked_with_params_metrics_artifacts_and_registered_mo
     assert client.get_model_version_by_alias("penguins", "champion").version == version.version
 
 
-def test_logged_model_answers_like_the_pushed_model(server, output_dir, run_a, monkeypatch):
+def test_logged_model_answers_like_the_pushed_model(
+    server, output_dir, run_a, monkeypatch, tmp_path
+):
     import mlflow.pyfunc
     import numpy as np
     import pandas as pd
@@ -225,7 +230,9 @@ def test_logged_model_answers_like_the_pushed_model(server, output_dir, run_a, m
     )  # mlflow-artifacts: URIs resolve through it
     client = MlflowClient(server.uri)
     (parent,) = _parent_runs(client)
-    model = mlflow.pyfunc.load_model(f"{parent.info.artifact_uri}/model")
+    downloaded = tmp_path / "downloaded"  # not a temp folder MLflow would leave behind
+    downloaded.mkdir()
+    model = mlflow.pyfunc.load_model(f"{parent.info.artifact_uri}/model", dst_path=str(downloaded))
     names = [c.name for c in model.metadata.get_input_schema().inputs]
     assert set(names) == {
         "bill_length_mm",

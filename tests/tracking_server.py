@@ -28,6 +28,7 @@ class MlflowServer:
         self.port = free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
         root.mkdir(parents=True, exist_ok=True)
+        (root / "tmp").mkdir(exist_ok=True)
         self._log = open(root / "server.log", "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [
@@ -47,6 +48,8 @@ class MlflowServer:
                 "1",
             ],  # fmt: skip
             cwd=root,
+            # Its temp files (MLflow's db_init_lock-* files, uploads) stay in its own folder.
+            env={**os.environ, "TMPDIR": str(root / "tmp")},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -34,6 +34,11 @@ def spawn(spec: dict, spec_path: Path, *, tf_config: dict | None = None, log: Pa
     if tf_config is not None:
         env["TF_CONFIG"] = json.dumps(tf_config)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Workers may be SIGKILLed (resume tests): what they would remove at exit (autograph's
+    # generated files) stays in a temp folder of their own, beside the spec in the test's tmp.
+    temp = spec_path.parent / f"{spec_path.stem}-tmp"
+    temp.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(temp)
     log = log or spec_path.with_suffix(".log")
     out = open(log, "w")  # noqa: SIM115 - closed with the process by the caller via finish()
     proc = subprocess.Popen(

@@ -198,3 +198,18 @@ def test_a_failed_benchmark_keeps_the_temp_work_folder_for_its_logs(tmp_path, mo
     assert "direct_num_workers" in document["results"]["beam"]["error"]
     work = Path(document["work_dir"])
     assert work.parent == temp and (work / "beam").is_dir()
+
+
+def test_tracking_benchmark_alone_makes_its_own_data(tmp_path):
+    # `fullthrottle bench --only tracking` (no pipeline benchmark to take the data from) runs
+    # the pipeline's prefix up to Transform itself, as the trainer benchmark does.
+    # Three loops of the default steps_per_loop: the timed span is from loop 1's end to the last.
+    sizes = dataclasses.replace(TINY, tracking_train_steps=3 * TrainingConfig().steps_per_loop)
+    document = suite.run_suite(
+        sizes=sizes, mode="tiny", work_dir=tmp_path / "work", only=("tracking",), log=lambda m: None
+    )
+    tracking = document["results"]["tracking"]
+    assert "error" not in tracking, tracking.get("trace")
+    assert len(tracking["paired"]) == TINY.tracking_repeats
+    assert tracking["on"]["median"] > 0 and tracking["off"]["median"] > 0
+    assert (tmp_path / "work" / "tabular" / "metadata").is_dir()

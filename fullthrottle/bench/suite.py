@@ -315,6 +315,23 @@ def measure_model_in_process(
     return json.loads(result_path.read_text(encoding="utf-8"))
 
 
+def _tabular_mlmd(work: Path, pipeline: dict[str, Any] | None) -> Path:
+    """MLMD of the transformed penguins data: the pipeline benchmark's run, or (when that
+    benchmark was not selected or failed) a run of the pipeline's prefix up to Transform in
+    ``work/tabular``, made once and shared by the trainer and tracking benchmarks."""
+    from fullthrottle.bench.data import run_transform_prefix, transform_prefix_config
+    from fullthrottle.config import BeamConfig, DataSpec
+
+    if pipeline and pipeline.get("output_dir"):
+        return Path(pipeline["output_dir"]) / "metadata" / "fullthrottle-penguins.sqlite"
+    cfg = transform_prefix_config(
+        output_dir=str(work / "tabular"), spec=DataSpec(), beam=BeamConfig()
+    )
+    if not Path(cfg.mlmd_path).exists():
+        run_transform_prefix(cfg)
+    return Path(cfg.mlmd_path)
+
+
 def bench_trainer(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> dict[str, Any]:
     """Both models: ours vs the TFX example, input efficiency, MFU, reader vs tfx_bsl."""
     from fullthrottle.bench.data import (
@@ -328,16 +345,7 @@ def bench_trainer(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> 
     from fullthrottle.config import BeamConfig, DataSpec
 
     results: dict[str, Any] = {}
-    # Tabular: the penguins run's Transform output (or a prefix run when that benchmark was skipped).
-    if pipeline and pipeline.get("output_dir"):
-        tab_mlmd = Path(pipeline["output_dir"]) / "metadata" / "fullthrottle-penguins.sqlite"
-    else:
-        cfg = transform_prefix_config(
-            output_dir=str(work / "tabular"), spec=DataSpec(), beam=BeamConfig()
-        )
-        run_transform_prefix(cfg)
-        tab_mlmd = cfg.mlmd_path
-    tabular = training_data_from_run(str(tab_mlmd), DataSpec(), name="tabular")
+    tabular = training_data_from_run(str(_tabular_mlmd(work, pipeline)), DataSpec(), name="tabular")
     text_cfg = transform_prefix_config(
         output_dir=str(work / "transformer"),
         spec=TRANSFORMER_DATA,
@@ -366,10 +374,7 @@ def bench_tracking(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) ->
     from fullthrottle.bench.trainer import tracking_rates
     from fullthrottle.config import DataSpec
 
-    if not (pipeline and pipeline.get("output_dir")):
-        raise RuntimeError("needs the pipeline benchmark's transformed penguins data")
-    tab_mlmd = Path(pipeline["output_dir"]) / "metadata" / "fullthrottle-penguins.sqlite"
-    data = training_data_from_run(str(tab_mlmd), DataSpec(), name="tabular")
+    data = training_data_from_run(str(_tabular_mlmd(work, pipeline)), DataSpec(), name="tabular")
     config = dataclasses.replace(TABULAR_TRAINING, train_steps=sizes.tracking_train_steps)
     uri = f"sqlite:///{work / 'mlflow' / 'mlflow.db'}"
     (work / "mlflow").mkdir(parents=True, exist_ok=True)

@@ -361,6 +361,11 @@ class _LoopTimer:
         self.hook = Hook()
 
     def examples_per_second(self, global_batch: int) -> float:
+        if len(self.ends) < 2:
+            raise ValueError(
+                f"the timed run ended after {len(self.ends)} loop(s); it needs at least 2 "
+                "(train_steps >= 2 x training.steps_per_loop)"
+            )
         (first_step, first), (last_step, last) = self.ends[0], self.ends[-1]
         return (last_step - first_step) * global_batch / (last - first)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,5 +85,7 @@ def test_two_workers_stay_in_sync_and_only_chief_exports(tmp_path):
     # work_dir, which is gone now.
     assert chief["checkpoint_dir"] == str(work_dir / "checkpoints")
     assert os.path.exists(work_dir / "checkpoints" / "ckpt-20.index")
-    assert not worker["checkpoint_dir"].startswith(str(work_dir))
+    # (A path check, not a string prefix: the worker's temp dir is tmp_path/worker-spec-tmp/...,
+    # a sibling of tmp_path/work whose name starts with "work".)
+    assert not Path(worker["checkpoint_dir"]).is_relative_to(work_dir)
     assert not os.path.exists(worker["checkpoint_dir"])

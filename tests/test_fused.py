@@ -131,6 +131,44 @@ def test_dropout_backward_reuses_the_forward_mask():
     np.testing.assert_allclose(np.unique(y.numpy()), [0.0, scale], rtol=1e-6)
 
 
+def test_dropout_add_with_bias_matches_plain_ops_in_value_and_gradients():
+    # The projection bias is added inside the dropout + residual kernel; its gradient is the
+    # column sum of the masked, scaled incoming gradient.
+    rng = np.random.default_rng(4)
+    x = tf.constant(rng.normal(size=(3, 40, 16)), tf.float32)
+    h = tf.constant(rng.normal(size=(3, 40, 16)), tf.float32)
+    bias = tf.constant(rng.normal(size=16), tf.float32)
+    dy = tf.constant(rng.normal(size=(3, 40, 16)), tf.float32)
+    noise = fused.random_bytes(tf.shape(h), tf.constant([3, 5], tf.int64))
+    threshold, scale = 26, 256 / 230
+
+    def run(fn):
+        with tf.GradientTape() as tape:
+            tape.watch([x, h, bias])
+            y = fn()
+        return [y, *tape.gradient(y, [x, h, bias], output_gradients=dy)]
+
+    got = run(lambda: fused.dropout_add(x, h, noise, threshold, scale, bias=bias))
+    keep = tf.cast(noise >= threshold, tf.float32)
+    expected = run(lambda: x + keep * (h + bias) * scale)
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_allclose(g.numpy(), e.numpy(), rtol=1e-5, atol=1e-5)
+    assert 0.05 < float(1 - tf.reduce_mean(keep)) < 0.15  # some elements really dropped
+
+
+def test_column_sum_accumulates_bfloat16_in_float32():
+    # Bias gradients of the fused model are column sums of bf16 tensors over batch x sequence
+    # rows (8192 in the benchmark). Accumulated in float32, the only error is the final bf16
+    # rounding (relative 2**-8); TensorFlow's bf16 BiasAddGrad accumulated in bf16 and was off
+    # by half the sum's size on this tensor.
+    rng = np.random.default_rng(6)
+    x = tf.cast(tf.constant(rng.normal(size=(8192, 64)), tf.float32), tf.bfloat16)
+    got = tf.cast(fused.column_sum(x), tf.float64).numpy()
+    exact = tf.reduce_sum(tf.cast(x, tf.float64), axis=0).numpy()
+    assert np.all(np.abs(got - exact) <= np.abs(exact) * 2.0**-8 + 1e-3), np.abs(got - exact).max()
+    assert fused.column_sum(tf.ones([2, 3, 4])).numpy().tolist() == [6.0] * 4
+
+
 def test_masked_softmax_gives_padding_keys_no_weight_and_rows_sum_to_one():
     rng = np.random.default_rng(5)
     scores = tf.constant(rng.normal(size=(2, 3, 4, 6)) * 4, tf.float32)

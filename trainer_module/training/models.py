@@ -212,21 +212,27 @@ class TransformerBlock(layers.Layer):
         self.ffn1.build(input_shape)
         self.ffn2.build((*input_shape[:-1], self.ffn_dim))
 
-    def _residual(self, x, h, training):
-        """x + dropout(h)."""
+    def _residual(self, x, h, training, bias=None):
+        """x + dropout(h + bias); ``bias`` only on the fused path, where a projection's bias
+        is added inside the dropout kernel rather than by a BiasAdd after its matmul (see
+        :func:`fused.dropout_add`)."""
         if not self.fused:
             return x + self.drop(h, training=training)
         if not training or not self.drop.threshold:
-            return x + h
+            return x + (h if bias is None else tf.nn.bias_add(h, bias))
         noise = self.drop.noise(tf.shape(h))
-        return fused_kernels.dropout_add(x, h, noise, self.drop.threshold, self.drop.scale)
+        return fused_kernels.dropout_add(
+            x, h, noise, self.drop.threshold, self.drop.scale, bias=bias
+        )
 
     def _fused_self_attention(self, h, attention_mask, training):
         """``self.mha(h, h, attention_mask)`` with the same weights, as 2 matmuls instead of 4
         einsums: Q, K and V projected by ONE [d, 3d] matmul (the 1/sqrt(head dim) query scale
-        folded into its query columns), one BiasAdd (its gradient is one BiasAddGrad instead
+        folded into its query columns), one BiasAdd (its gradient is one column sum instead
         of three Sums and the input gradient one matmul instead of three plus an AddN), heads
-        split by one transpose; the output projection one [d, d] matmul."""
+        split by one transpose; the output projection one [d, d] matmul. Returns that
+        projection WITHOUT its bias, and the bias, which the caller adds inside its dropout +
+        residual kernel (:meth:`_residual`)."""
         mha, d, heads = self.mha, self.d_model, self.heads
         size = d // heads
         scale = 1.0 / math.sqrt(size)
@@ -248,7 +254,7 @@ class TransformerBlock(layers.Layer):
             axis=0,
         )
         batch, seq = tf.shape(h)[0], tf.shape(h)[1]
-        qkv = tf.nn.bias_add(tf.matmul(tf.reshape(h, [-1, d]), kernel), bias)
+        qkv = fused_kernels.bias_add(tf.matmul(tf.reshape(h, [-1, d]), kernel), bias)
         qkv = tf.transpose(tf.reshape(qkv, [batch, seq, 3, heads, size]), [2, 0, 3, 1, 4])
         # unstack, not qkv[i]: a slice's gradient is a full-size zero tensor per slice + AddN.
         q, k, v = tf.unstack(qkv, num=3, axis=0)  # [B, heads, S, size]
@@ -267,25 +273,26 @@ class TransformerBlock(layers.Layer):
         out = tf.transpose(tf.matmul(probs, v), [0, 2, 1, 3])  # [B, S, heads, size]
         o_dense = mha._output_dense
         out = tf.matmul(tf.reshape(out, [-1, d]), tf.reshape(o_dense.kernel, [d, d]))
-        out = tf.nn.bias_add(out, o_dense.bias)
-        return tf.reshape(out, tf.shape(h))
+        # Its bias is added by the caller's dropout + residual kernel (``_residual``).
+        return tf.reshape(out, tf.shape(h)), o_dense.bias
 
     def call(self, x, attention_mask=None, training=None):
         h = self.ln1(x)
         if self.fused:
-            h = self._fused_self_attention(h, attention_mask, training)
+            h, bias = self._fused_self_attention(h, attention_mask, training)
+            x = self._residual(x, h, training, bias=bias)
         else:
             h = self.mha(h, h, attention_mask=attention_mask, training=training)
-        x = self._residual(x, h, training)
+            x = self._residual(x, h, training)
         h = self.ln2(x)
         if self.fused:
             # ffn1's matmul alone, then its bias-add and GELU as one kernel.
             z = tf.matmul(tf.reshape(h, [-1, self.d_model]), self.ffn1.kernel)
             h = fused_kernels.bias_gelu(z, self.ffn1.bias)
-            h = tf.reshape(h, tf.concat([tf.shape(x)[:-1], [self.ffn_dim]], axis=0))
-        else:
-            h = gelu_float32(self.ffn1(h))
-        return self._residual(x, self.ffn2(h), training)
+            h = tf.reshape(tf.matmul(h, self.ffn2.kernel), tf.shape(x))
+            return self._residual(x, h, training, bias=self.ffn2.bias)
+        h = self.ffn2(gelu_float32(self.ffn1(h)))
+        return self._residual(x, h, training)
 
     def get_config(self):
         return {

@@ -107,14 +107,26 @@ def bias_gelu(z, bias):
 
 
 # ------------------------------------------------------------------------------- layer norm
+def _rows(x):
+    """x [..., d] as float32 [rows, d] (inside a kernel: a reshape costs nothing)."""
+    return tf.reshape(_f32(x), [-1, x.shape[-1]])
+
+
+def _row_mean(t):
+    """Mean over the last axis of [rows, d] as a dot with a constant column: XLA's CPU row
+    reductions were the slow part of these kernels (layer-norm forward 1.2-2.2 ms vs 0.7 ms,
+    backward 2.9-3.3 vs 1.5 ms for [8192, 256] bf16, 2 cores, 2026-11-30)."""
+    d = t.shape[-1]
+    return tf.matmul(t, tf.fill([d, 1], 1.0 / d))
+
+
 @tf.function(jit_compile=True, autograph=False)
 def _ln_forward(x, gamma, beta, epsilon):
-    xf = _f32(x)
-    mean = tf.reduce_mean(xf, axis=-1, keepdims=True)
-    centred = xf - mean
-    var = tf.reduce_mean(tf.square(centred), axis=-1, keepdims=True)
+    xf = _rows(x)
+    centred = xf - _row_mean(xf)
+    var = _row_mean(centred * centred)
     y = centred * tf.math.rsqrt(var + epsilon) * gamma + beta
-    return tf.cast(y, x.dtype)
+    return tf.reshape(tf.cast(y, x.dtype), tf.shape(x))
 
 
 @tf.function(jit_compile=True, autograph=False)
@@ -122,18 +134,13 @@ def _ln_backward(x, gamma, epsilon, dy):
     """dx, plus dy * x_hat in float32 for the gamma gradient: XLA's CPU column reductions
     over the batch x sequence rows were 4x slower than TensorFlow's, so the gamma and beta
     sums are left to :func:`column_sum` (see :func:`layer_norm`)."""
-    xf, dyf = _f32(x), _f32(dy)
-    mean = tf.reduce_mean(xf, axis=-1, keepdims=True)
-    centred = xf - mean
-    inv = tf.math.rsqrt(tf.reduce_mean(tf.square(centred), axis=-1, keepdims=True) + epsilon)
+    xf, dyf = _rows(x), _rows(dy)
+    centred = xf - _row_mean(xf)
+    inv = tf.math.rsqrt(_row_mean(centred * centred) + epsilon)
     xhat = centred * inv
     g = dyf * gamma
-    dx = inv * (
-        g
-        - tf.reduce_mean(g, axis=-1, keepdims=True)
-        - xhat * tf.reduce_mean(g * xhat, axis=-1, keepdims=True)
-    )
-    return tf.cast(dx, x.dtype), dyf * xhat
+    dx = inv * (g - _row_mean(g) - xhat * _row_mean(g * xhat))
+    return tf.reshape(tf.cast(dx, x.dtype), tf.shape(x)), dyf * xhat
 
 
 def layer_norm(x, gamma, beta, epsilon: float):

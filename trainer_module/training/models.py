@@ -219,7 +219,7 @@ class TransformerBlock(layers.Layer):
         if not self.fused:
             return x + self.drop(h, training=training)
         if not training or not self.drop.threshold:
-            return x + (h if bias is None else tf.nn.bias_add(h, bias))
+            return x + (h if bias is None else fused_kernels.bias_add(h, bias))
         noise = self.drop.noise(tf.shape(h))
         return fused_kernels.dropout_add(
             x, h, noise, self.drop.threshold, self.drop.scale, bias=bias

@@ -7,6 +7,7 @@ the training library's compiled loop and measure input wait exactly as a trainin
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -196,3 +197,111 @@ def test_pipeline_run_saves_and_prints_the_advisor(penguins_run):
     assert advisor["step_time_ms"] > 0 and advisor["steps_measured"] > 0
     assert "step-time advisor:" in completed.stdout
     assert advisor["classification"] in completed.stdout
+
+
+def _checkpointing(step_ms=0.3, save_ms=12.5, every=100, other_host_ms=0.025):
+    """Measurements of 20 loops of 50 steps with a save every `every` steps."""
+    steps = 1000
+    saves = steps // every
+    return StepTimeMeasurements(
+        step_seconds=step_ms / 1e3,
+        input_wait_seconds=0.0,
+        steps=steps,
+        loops=20,
+        global_batch_size=64,
+        precision_policy="mixed_bfloat16",
+        host_seconds=(other_host_ms + save_ms * saves / steps) / 1e3,
+        checkpoint_seconds=save_ms * saves / steps / 1e3,
+        checkpoints=saves,
+    )
+
+
+def test_checkpoint_cadence_is_advised_when_saves_take_a_visible_share():
+    config = TrainingConfig(train_steps=20_000, steps_per_loop=50, checkpoint_every_steps=100)
+    m = _checkpointing()
+    assert m.checkpoint_fraction == pytest.approx(0.125 / 0.45)
+    report = advise(m, config, CPU_BF16)
+    first = report["advice"][0]  # whatever the band: time outside the loop's split
+    assert first["field"] == "training.checkpoint_every_steps"
+    # The suggestion brings the saves to <= 2% of the training time, and not far below it.
+    every = first["value"]
+    assert every % config.steps_per_loop == 0
+    share = lambda n: 12.5 / (n * (0.3 + 0.025) + 12.5)  # noqa: E731
+    assert share(every) <= 0.02 < share(every - 2 * config.steps_per_loop)
+    assert "10 periodic checkpoints took 28%" in first["why"]
+    assert report["checkpoint_fraction"] == pytest.approx(0.2778, abs=1e-4)
+    assert "of which checkpoints 0.12 ms (27.8%)" in "\n".join(format_advice(report))
+    # A run shorter than that cadence: save at the end only.
+    slow = _checkpointing(save_ms=500.0)
+    short = advise(slow, dataclasses.replace(config, train_steps=1000), CPU_BF16)["advice"][0]
+    assert (short["field"], short["value"]) == ("training.checkpoint_every_steps", 0)
+    assert "the whole run (1000 steps, ~0.3 s)" in short["why"]
+    # Saves that add up to under a second over the whole run are not worth advising against.
+    brief = dataclasses.replace(config, train_steps=1000)  # 10 saves x 12.5 ms
+    assert "checkpoint_every_steps" not in _fields(advise(m, brief, CPU_BF16))
+    # Cheap saves (under 5% of the time): no checkpoint advice.
+    assert "checkpoint_every_steps" not in _fields(
+        advise(_checkpointing(save_ms=1.0), config, CPU_BF16)
+    )
+    # Time-triggered checkpoints get a time cadence; none at all (end only): nothing to advise.
+    timed = dataclasses.replace(config, checkpoint_every_steps=0, checkpoint_every_seconds=0.02)
+    fields = {i["field"]: i["value"] for i in advise(m, timed, CPU_BF16)["advice"]}
+    assert fields["training.checkpoint_every_seconds"] >= 1.0
+    ends_only = dataclasses.replace(m, checkpoint_seconds=0.0, checkpoints=0)
+    assert not {"checkpoint_every_steps", "checkpoint_every_seconds"} & set(
+        _fields(advise(ends_only, TrainingConfig(checkpoint_every_steps=0), CPU_BF16))
+    )
+
+
+def test_a_run_that_checkpoints_every_loop_is_told_what_its_saves_cost(tmp_path):
+    """A real `train()`: a tabular step is well under a millisecond and a save ~10 ms, so saving
+    every 5 steps spends most of the training time in checkpoints; saving only at the end
+    spends none of the measured time (the final save is kept apart)."""
+    from tests.training_data import feature_spec, tabular_inputs, write_records
+    from trainer_module.training import train
+    from trainer_module.training.advisor import advise_result
+
+    inputs = tabular_inputs()
+    files = write_records(tmp_path / "data", inputs, files=1, per_file=256)
+
+    def run(every, name):
+        config = TrainingConfig(
+            per_replica_batch_size=32,
+            train_steps=60,
+            steps_per_loop=5,
+            checkpoint_every_steps=every,
+            hidden_units=(16,),
+        )
+        result = train(
+            config=config,
+            model_inputs=inputs,
+            feature_spec=feature_spec(inputs),
+            train_files=files,
+            eval_files=(),
+            work_dir=str(tmp_path / name),
+        )
+        return result, advise_result(result, config, CPU_BF16)
+
+    result, report = run(5, "often")
+    periodic = [r["checkpoint_time"] for r in result.history[:-1]]
+    assert len(periodic) == 11 and all(t > 0 for t in periodic)
+    assert result.history[-1]["checkpoint_time"] == 0 < result.history[-1]["final_checkpoint_time"]
+    assert all(r["host_time"] >= r["checkpoint_time"] for r in result.history)
+    assert report["checkpoint_fraction"] > 0.2
+    # 60 steps: the saves add up to well under a second, so no advice for this run...
+    assert "checkpoint_every_steps" not in _fields(report)
+    # ...but the same measurements for a 200,000-step run: a cadence of many loops.
+    m = measurements_from_history(
+        result.history, global_batch_size=32, precision_policy=result.precision_policy
+    )
+    assert m.checkpoints == 10  # the first loop (tracing) is not measured
+    long_run = TrainingConfig(train_steps=200_000, steps_per_loop=5, checkpoint_every_steps=5)
+    first = advise(m, long_run, CPU_BF16)["advice"][0]
+    assert first["field"] == "training.checkpoint_every_steps" and first["value"] >= 50
+    assert "between loops" in "\n".join(format_advice(report))
+
+    result, report = run(0, "at_end")
+    assert all(r["checkpoint_time"] == 0 for r in result.history)
+    assert result.history[-1]["final_checkpoint_time"] > 0
+    assert report["checkpoint_fraction"] == 0
+    assert "checkpoint_every_steps" not in _fields(report)

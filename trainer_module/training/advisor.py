@@ -3,7 +3,9 @@
 Owns: splitting a run's step time into input wait and compute (from the loop records the
 controller already keeps), classifying it in TensorFlow profiler's bands — not input-bound
 (< 5% of step time waiting), moderately (5-20%), highly (>= 20%) — and turning that into advice
-that names our config fields. :func:`advise` is a pure function of the measurements, the config
+that names our config fields. The host's work between the loops (metric reads, summaries,
+hooks, periodic checkpoints) is measured too; checkpoints taking >= 5% of the training time (and
+>= 1 s over the run) get a cadence that brings them to ~2%, with the steps a killed run would then train again. :func:`advise` is a pure function of the measurements, the config
 and the device facts; :func:`device_facts` is the only part that looks at the machine.
 
 Refuses to advise what the device cannot use: no ``mixed_bfloat16`` on a CPU without
@@ -32,6 +34,16 @@ HIGHLY_INPUT_BOUND = "highly input-bound"
 # the controller's bookkeeping) are a visible share of the step.
 SMALL_STEP_SECONDS = 0.005
 SMALL_LOOP_STEPS = 200
+# Periodic checkpoints are advised against when they take at least this share of the training
+# time (loops + the host's work between them), and the suggested cadence brings them to about
+# CHECKPOINT_TARGET_SHARE. Measured 2026-11-30: the default (every 100 steps) took 29% of a
+# tabular run's time on 2 CPU cores (12.5 ms per save against 0.3 ms steps).
+CHECKPOINT_SHARE = 0.05
+CHECKPOINT_TARGET_SHARE = 0.02
+# ... and only when they add up to at least this much over the whole run (train_steps at the
+# measured rate): the bundled penguins run's 3 saves are 29% of its 0.2 s of training, which is
+# not worth giving up a checkpoint for.
+CHECKPOINT_MIN_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +101,28 @@ class StepTimeMeasurements:
     # advisor does not suggest `cache` for a run that already had it.
     input_cached: bool | None = None
     model_kind: str | None = None  # "tabular" | "transformer" (None = unknown)
+    # The host's work between loops (metric reads, summaries, hooks, periodic checkpoints) per
+    # step, and the periodic checkpoints' share of it; 0 for records without them (the
+    # benchmark's bare loop). The save at the end of training is not counted.
+    host_seconds: float = 0.0
+    checkpoint_seconds: float = 0.0
+    checkpoints: int = 0  # periodic saves in the measured loops
+
+    @property
+    def training_seconds(self) -> float:
+        """Per step: the loop's time plus the host's work after it."""
+        return self.step_seconds + self.host_seconds
+
+    @property
+    def checkpoint_fraction(self) -> float:
+        t = self.training_seconds
+        return self.checkpoint_seconds / t if t > 0 else 0.0
+
+    @property
+    def host_fraction(self) -> float:
+        """Share of the training time outside the compiled loops, checkpoints included."""
+        t = self.training_seconds
+        return self.host_seconds / t if t > 0 else 0.0
 
     @property
     def input_wait_fraction(self) -> float:
@@ -118,6 +152,8 @@ def measurements_from_history(
     steps = sum(int(r["steps"]) for r in steady)
     wall = sum(float(r["wall_time"]) for r in steady)
     wait = sum(float(r["input_wait_time"]) for r in steady)
+    host = sum(float(r.get("host_time", 0.0)) for r in steady)
+    saving = [float(r.get("checkpoint_time", 0.0)) for r in steady]
     per = max(steps, 1)
     return StepTimeMeasurements(
         step_seconds=wall / per,
@@ -128,6 +164,9 @@ def measurements_from_history(
         precision_policy=precision_policy,
         input_cached=input_cached,
         model_kind=model_kind,
+        host_seconds=max(host, 0.0) / per,
+        checkpoint_seconds=sum(saving) / per,
+        checkpoints=sum(1 for t in saving if t > 0),
     )
 
 
@@ -207,6 +246,60 @@ def _input_advice(
     return advice
 
 
+def _round_up(value: float, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple`` and to two significant digits."""
+    n = max(int(-(-value // multiple)) * multiple, multiple)
+    digits = 10 ** max(len(str(n)) - 2, 0)
+    return int(-(-n // digits) * digits)
+
+
+def _checkpoint_advice(m: StepTimeMeasurements, config: TrainingConfig) -> list[dict[str, Any]]:
+    """Periodic checkpoints that take a visible share of the training time: a cadence that
+    brings them to ~2%, with what it costs (the steps a killed run trains again)."""
+    if not m.checkpoints or m.checkpoint_fraction < CHECKPOINT_SHARE or m.step_seconds <= 0:
+        return []
+    if m.checkpoint_seconds * config.train_steps < CHECKPOINT_MIN_SECONDS:
+        return []
+    per_save = m.checkpoint_seconds * m.steps / m.checkpoints
+    other = m.training_seconds - m.checkpoint_seconds  # per step, without the saves
+    # per_save / (steps x other + per_save) = target share
+    steps = per_save * (1 - CHECKPOINT_TARGET_SHARE) / (CHECKPOINT_TARGET_SHARE * other)
+    spent = (
+        f"{m.checkpoints} periodic checkpoints took {m.checkpoint_fraction:.0%} of the training "
+        f"time ({per_save * 1e3:.1f} ms each against {m.step_seconds * 1e3:.2f} ms steps)"
+    )
+    if config.checkpoint_every_steps > 0:
+        every = _round_up(steps, config.steps_per_loop)
+        if every >= config.train_steps:  # the whole run is shorter: save at its end only
+            why = (
+                f"{spent}; the whole run ({config.train_steps} steps, ~"
+                f"{config.train_steps * other:.1f} s) is shorter than a cadence that would take "
+                f"~{CHECKPOINT_TARGET_SHARE:.0%}, so 0 saves at the end only (a killed run then "
+                "starts over)"
+            )
+            return [_item("checkpoint_every_steps", 0, why)]
+        return [
+            _item(
+                "checkpoint_every_steps",
+                every,
+                f"{spent}; every {every} steps they would take ~{CHECKPOINT_TARGET_SHARE:.0%}, "
+                f"and a killed run would train at most {every} steps (~"
+                f"{every * other:.1f} s) again",
+            )
+        ]
+    if config.checkpoint_every_seconds is not None:
+        seconds = _round_up(steps * other, 1)
+        return [
+            _item(
+                "checkpoint_every_seconds",
+                float(seconds),
+                f"{spent}; every {seconds} s they would take ~{CHECKPOINT_TARGET_SHARE:.0%}, "
+                f"and a killed run would lose at most that much training",
+            )
+        ]
+    return []
+
+
 def _compute_advice(
     m: StepTimeMeasurements, config: TrainingConfig, device: DeviceFacts
 ) -> list[dict[str, Any]]:
@@ -272,12 +365,17 @@ def _compute_advice(
                     f"; loops are also cut at checkpoints, so raise checkpoint_every_steps "
                     f"({config.checkpoint_every_steps}) with it"
                 )
+            measured = ""
+            if m.host_seconds > m.checkpoint_seconds:
+                share = (m.host_seconds - m.checkpoint_seconds) / m.training_seconds
+                measured = f" ({share:.1%} of the training time here, checkpoints aside)"
             advice.append(
                 _item(
                     "steps_per_loop",
                     config.steps_per_loop * 4,
                     f"steps take {m.step_seconds * 1e3:.2f} ms: the host sync and bookkeeping at the "
-                    f"end of every loop are a visible share; longer loops amortise them{cut}",
+                    f"end of every loop are a visible share{measured}; longer loops amortise "
+                    f"them{cut}",
                 )
             )
         advice.append(
@@ -305,12 +403,14 @@ def advise(
     m = measurements
     fraction = m.input_wait_fraction
     band = classify(fraction)
+    # Checkpoints are time outside the loop's input/compute split: first whatever the band.
+    advice = _checkpoint_advice(m, config)
     if band == NOT_INPUT_BOUND:
-        advice = _compute_advice(m, config, device)
+        advice += _compute_advice(m, config, device)
     elif band == MODERATELY_INPUT_BOUND:
-        advice = _input_advice(config, device, m.input_cached) + _compute_advice(m, config, device)
+        advice += _input_advice(config, device, m.input_cached) + _compute_advice(m, config, device)
     else:
-        advice = _input_advice(config, device, m.input_cached)
+        advice += _input_advice(config, device, m.input_cached)
     # One item per field: the first (most relevant) reason wins.
     seen: set[str] = set()
     unique = []
@@ -330,6 +430,12 @@ def advise(
         "step_time_ms": round(m.step_seconds * 1e3, 4),
         "input_wait_ms": round(m.input_wait_seconds * 1e3, 4),
         "compute_ms": round(m.compute_seconds * 1e3, 4),
+        # Per step, between the loops (host work incl. periodic checkpoints), and shares of the
+        # training time (loop + between).
+        "between_loops_ms": round(m.host_seconds * 1e3, 4),
+        "checkpoint_ms": round(m.checkpoint_seconds * 1e3, 4),
+        "between_loops_fraction": round(m.host_fraction, 4),
+        "checkpoint_fraction": round(m.checkpoint_fraction, 4),
         "steps_measured": m.steps,
         "precision_policy": m.precision_policy,
         "device": device.describe(),
@@ -359,6 +465,12 @@ def format_advice(report: Mapping[str, Any], indent: str = "  ") -> list[str]:
         f"+ compute {report['compute_ms']:.2f} ms: {report['classification']} "
         f"({report['input_wait_fraction']:.1%} waiting)"
     ]
+    if report.get("between_loops_ms"):
+        lines.append(
+            f"{indent}between loops {report['between_loops_ms']:.2f} ms per step "
+            f"({report['between_loops_fraction']:.1%} of the training time), of which checkpoints "
+            f"{report['checkpoint_ms']:.2f} ms ({report['checkpoint_fraction']:.1%})"
+        )
     for item in report["advice"]:
         value = "None (automatic)" if item["value"] is None else repr(item["value"])
         lines.append(f"{indent}  try {item['field']}={value}: {item['why']}")

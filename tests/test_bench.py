@@ -164,6 +164,10 @@ def test_tracking_benchmark_runs_train_with_and_without_mlflow(text_data, tmp_pa
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("fullthrottle-bench").experiment_id])
     assert any(r.data.metrics.get("examples_per_second") for r in runs)
+    # ...and reported what tracking itself cost (its CPU share of the window between loop ends).
+    (cpu,) = measured["cpu"]
+    assert cpu["hook"] > 0 and 0 < cpu["fraction"] < 1
+    assert any(0 < r.data.metrics.get("tracking_cpu_fraction", 0) < 1 for r in runs)
 
 
 def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
@@ -213,3 +217,7 @@ def test_tracking_benchmark_alone_makes_its_own_data(tmp_path):
     assert len(tracking["paired"]) == TINY.tracking_repeats
     assert tracking["on"]["median"] > 0 and tracking["off"]["median"] > 0
     assert (tmp_path / "work" / "tabular" / "metadata").is_dir()
+    # Tracking's own CPU time over the timed window: the hook ran after every loop.
+    cpu = tracking["tracking_cpu"]
+    assert cpu["hook"] > 0 and cpu["wall_seconds"] > 0 and 0 < cpu["fraction"] < 1
+    assert "tracking: its own CPU time while training" in suite.markdown_table(document)

@@ -194,3 +194,8 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
     assert rates[40] == pytest.approx(1025.0) and rates[250] == pytest.approx(1245.0)
     step_time = client.get_metric_history(run_id, "step_time")
     assert {round(m.value, 6) for m in step_time} == {0.03}
+    # Its own CPU time: the hook's work after each loop and the sender's requests were counted.
+    assert second.cpu.totals["hook"] > 0 and second.cpu.totals["sender"] > 0
+    assert second.cpu.totals["system"] == 0  # system metrics are off in this link
+    span = second.cpu.span()
+    assert span is not None and span["hook"] > 0 and span["wall_seconds"] > 0

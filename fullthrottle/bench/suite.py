@@ -384,6 +384,13 @@ def bench_tracking(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) ->
     entry = _ratio_entry(measured["samples"], "on", "off")
     entry["train_reported_examples_per_second"] = measured["train_reported_examples_per_second"]
     entry["train_steps"] = config.train_steps
+    # Tracking's own CPU seconds over the same window, per part, as a share of its wall time:
+    # a direct figure beside the ratio, which this machine's noise (+-5-8% per sample) blurs.
+    if measured["cpu"]:
+        entry["tracking_cpu"] = {
+            key: describe([c[key] for c in measured["cpu"]])["median"]
+            for key in ("fraction", "hook", "sender", "system", "wall_seconds")
+        }
     return entry
 
 
@@ -679,6 +686,14 @@ def markdown_table(document: dict[str, Any]) -> str:
             f"| tracking: MLflow on vs off (real `train()`, tabular, {t['train_steps']} steps) | "
             f"{_fmt_rate(t['on'])} vs {_fmt_rate(t['off'])} | {_fmt_ratio(t)} | {verdict('tracking_on_vs_off')} |"
         )
+        c = t.get("tracking_cpu")
+        if c:
+            rows.append(
+                f"| tracking: its own CPU time while training (median of the 'on' runs) | "
+                f"{c['fraction']:.2%} of the wall time (hook {c['hook'] * 1e3:.0f} ms, sender "
+                f"{c['sender'] * 1e3:.0f} ms, system metrics {c['system'] * 1e3:.0f} ms in "
+                f"{c['wall_seconds']:.1f} s) | | |"
+            )
     b = r.get("beam")
     if b and "points" in b:
         for p in b["points"]:

@@ -387,18 +387,25 @@ def tracking_rates(
         "compression": data.compression,
     }
     reported: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: list[dict[str, float]] = []  # the "on" runs' tracking CPU time (hook.CpuMeter.span)
 
     def contender(name: str) -> Callable[[], float]:
         def run() -> float:
             timer = _LoopTimer()
+            tracking: list[Any] = []
             _, result = train_tracked(
-                {**base, "hooks": [timer.hook]}, tracking_uri=tracking_uri if name == "on" else None
+                {**base, "hooks": [timer.hook]},
+                tracking_uri=tracking_uri if name == "on" else None,
+                tracking_hooks=tracking,
             )
             reported[name].append(result.examples_per_second)
+            span = tracking[0].cpu.span() if tracking else None
+            if span is not None:
+                cpu.append(span)
             return timer.examples_per_second(result.global_batch_size)
 
         return run
 
     contender("off")()  # warm-up: imports, first tracing
     samples = alternate({"off": contender("off"), "on": contender("on")}, repeats=repeats)
-    return {"samples": samples, "train_reported_examples_per_second": reported}
+    return {"samples": samples, "train_reported_examples_per_second": reported, "cpu": cpu}

@@ -47,9 +47,13 @@ def link_for_new_run(
 
 
 def train_tracked(
-    train_kwargs: Mapping[str, Any], *, tracking_uri: str | None
+    train_kwargs: Mapping[str, Any],
+    *,
+    tracking_uri: str | None,
+    tracking_hooks: list[Any] | None = None,
 ) -> tuple[float, Any]:
-    """Runs `train(**train_kwargs)` (a fresh `work_dir` each time) with or without tracking."""
+    """Runs `train(**train_kwargs)` (a fresh `work_dir` each time) with or without tracking.
+    The MLflow hook it attaches is appended to `tracking_hooks` when given (its `cpu` meter)."""
     from fullthrottle.tracking.hook import MlflowTrainingHook
     from trainer_module.training import train
 
@@ -60,6 +64,8 @@ def train_tracked(
     if tracking_uri is not None:
         # The status file goes into the work dir, removed below with it.
         hooks.append(MlflowTrainingHook(link_for_new_run(tracking_uri, status_dir=work_dir)))
+        if tracking_hooks is not None:
+            tracking_hooks.append(hooks[-1])
     try:
         start = time.perf_counter()
         result = train(**kwargs, hooks=hooks)

@@ -118,8 +118,15 @@ class MetricSender:
     its examples/s on 2 cores, the SQLite store's writes competing with training for the CPU.
     """
 
-    def __init__(self, channel: Channel, *, interval_seconds: float = 0.0) -> None:
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        interval_seconds: float = 0.0,
+        on_request_cpu: Callable[[float], None] | None = None,
+    ) -> None:
         self._channel = channel
+        self._on_request_cpu = on_request_cpu  # gets the CPU seconds of each drained burst
         self._interval = max(0.0, float(interval_seconds))
         self._queue: queue.Queue[tuple[str, list[Metric]] | None] = queue.Queue()
         self._urgent = threading.Event()  # a flush or close is waiting: no more holding back
@@ -180,6 +187,7 @@ class MetricSender:
                     item = self._queue.get_nowait()
                 except queue.Empty:
                     break
+            started = time.thread_time()
             for run_id, metrics in batch.items():
                 for start in range(0, len(metrics), MAX_METRICS_PER_BATCH):
                     chunk = metrics[start : start + MAX_METRICS_PER_BATCH]
@@ -193,6 +201,8 @@ class MetricSender:
                         self._channel.count_dropped(len(chunk))
             if batch:
                 next_request = time.monotonic() + self._interval
+                if self._on_request_cpu is not None:
+                    self._on_request_cpu(time.thread_time() - started)
             for done in flushes:
                 done.set()
             if stop:

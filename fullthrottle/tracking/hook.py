@@ -74,6 +74,40 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class CpuMeter:
+    """CPU seconds that tracking itself spends, per part: the hook's work on the training thread
+    between loops ("hook"), the background sender's requests ("sender"), system-metric sampling
+    ("system"). Each part is added to by one thread only (thread CPU time, `time.thread_time`),
+    so no lock is needed. `span()` is what was spent between the first and the last loop's end,
+    the window the benchmark's examples/s cover.
+    """
+
+    PARTS = ("hook", "sender", "system")
+
+    def __init__(self) -> None:
+        self.totals = dict.fromkeys(self.PARTS, 0.0)
+        self._first: tuple[float, dict[str, float]] | None = None
+        self._last: tuple[float, dict[str, float]] | None = None
+
+    def add(self, part: str, seconds: float) -> None:
+        self.totals[part] += seconds
+
+    def mark_loop_end(self) -> None:
+        mark = (time.perf_counter(), dict(self.totals))
+        if self._first is None:
+            self._first = mark
+        self._last = mark
+
+    def span(self) -> dict[str, float] | None:
+        """CPU seconds per part and their share of the wall time between the first and the last
+        loop's end; None before two loops ended."""
+        if self._first is None or self._last is None or self._last[0] <= self._first[0]:
+            return None
+        wall = self._last[0] - self._first[0]
+        parts = {k: self._last[1][k] - self._first[1][k] for k in self.PARTS}
+        return {**parts, "wall_seconds": wall, "fraction": sum(parts.values()) / wall}
+
+
 class Journal:
     """Loop records on local disk, one JSON line each; appended and flushed per loop (an OS
     write, not an fsync: a killed process loses nothing the OS has, which is what resume needs)."""
@@ -185,6 +219,7 @@ class SystemSampler:
             interval,
             step_source,
         )
+        self.cpu: CpuMeter | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._loop, name="fullthrottle-system-metrics", daemon=True
@@ -203,6 +238,14 @@ class SystemSampler:
         self._sample()  # one last point at the end of training
 
     def _sample(self) -> None:
+        started = time.thread_time()
+        try:
+            self._collect()
+        finally:
+            if self.cpu is not None:
+                self.cpu.add("system", time.thread_time() - started)
+
+    def _collect(self) -> None:
         values: dict[str, float] = {}
         for monitor in self._monitors:
             try:
@@ -241,6 +284,7 @@ class MlflowTrainingHook(TrainingHook):
         self._resolution = max(0.0, float(link.metrics_resolution_seconds))
         self._step = 0
         self._sampler: SystemSampler | None = None
+        self.cpu = CpuMeter()  # tracking's own CPU time (see `CpuMeter`)
 
     # --- TrainingHook ---------------------------------------------------------------------
     def on_train_begin(self, info: dict[str, Any]) -> None:
@@ -250,7 +294,9 @@ class MlflowTrainingHook(TrainingHook):
         os.makedirs(work_dir, exist_ok=True)
         self.journal = Journal(os.path.join(work_dir, JOURNAL))
         self.sender = MetricSender(
-            self.channel, interval_seconds=self.link.metrics_interval_seconds
+            self.channel,
+            interval_seconds=self.link.metrics_interval_seconds,
+            on_request_cpu=lambda seconds: self.cpu.add("sender", seconds),
         )
         self.run_id = self._attach_run(training_key=os.path.basename(os.path.normpath(work_dir)))
         kept = self.journal.keep_until(start_step)
@@ -278,10 +324,19 @@ class MlflowTrainingHook(TrainingHook):
                     interval=self.link.system_metrics_interval_seconds,
                     step_source=lambda: self._step,
                 )
+                self._sampler.cpu = self.cpu
                 self._sampler.start()
         self._write_status()
 
     def on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
+        started = time.thread_time()
+        try:
+            self._on_loop_end(step, metrics)
+        finally:
+            self.cpu.add("hook", time.thread_time() - started)
+            self.cpu.mark_loop_end()
+
+    def _on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
         values = {k: float(metrics[k]) for k in LOOP_METRICS if metrics.get(k) is not None}
         self._step = int(step)
         if self._resolution <= 0:  # every loop is a point
@@ -316,7 +371,11 @@ class MlflowTrainingHook(TrainingHook):
 
     def on_checkpoint(self, step: int, path: str) -> None:
         """Releases the records this checkpoint covers: a resume will never train them again."""
-        self._release(until_step=step)
+        started = time.thread_time()
+        try:
+            self._release(until_step=step)
+        finally:
+            self.cpu.add("hook", time.thread_time() - started)
 
     def on_train_end(self, result: Any) -> None:
         self._close_point()
@@ -347,6 +406,11 @@ class MlflowTrainingHook(TrainingHook):
                     step,
                 )
             )
+            span = self.cpu.span()
+            if span is not None:  # what tracking itself cost while training (see CpuMeter)
+                final.append(
+                    Metric("tracking_cpu_fraction", float(span["fraction"]), timestamp, step)
+                )
             self.sender.send(self.run_id, final)
         if self.sender is not None:
             self.sender.close(self.link.flush_timeout_seconds)

@@ -5,8 +5,9 @@ controller already keeps), classifying it in TensorFlow profiler's bands — not
 (< 5% of step time waiting), moderately (5-20%), highly (>= 20%) — and turning that into advice
 that names our config fields. The host's work between the loops (metric reads, summaries,
 hooks, periodic checkpoints) is measured too; checkpoints taking >= 5% of the training time (and
->= 1 s over the run) get a cadence that brings them to ~2%, with the steps a killed run would then train again. :func:`advise` is a pure function of the measurements, the config
-and the device facts; :func:`device_facts` is the only part that looks at the machine.
+>= 1 s over the run) get a cadence that brings them to ~2%, with the steps a killed run would
+then train again. :func:`advise` is a pure function of the measurements, the config and the
+device facts; :func:`device_facts` is the only part that looks at the machine.
 
 Refuses to advise what the device cannot use: no ``mixed_bfloat16`` on a CPU without
 AVX512_BF16/AMX-BF16, no ``mixed_float16`` without a GPU of compute capability >= 7.0 (never on

@@ -34,6 +34,8 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
@@ -91,6 +93,15 @@ class CpuMeter:
 
     def add(self, part: str, seconds: float) -> None:
         self.totals[part] += seconds
+
+    @contextmanager
+    def measuring(self, part: str) -> Iterator[None]:
+        """Adds the calling thread's CPU time inside the block to `part`."""
+        started = time.thread_time()
+        try:
+            yield
+        finally:
+            self.add(part, time.thread_time() - started)
 
     def mark_loop_end(self) -> None:
         mark = (time.perf_counter(), dict(self.totals))
@@ -202,7 +213,13 @@ class SystemSampler:
     The step is the training step at sampling time, so the curves line up with the loss."""
 
     def __init__(
-        self, *, sender: MetricSender, run_id: str, interval: float, step_source: Any
+        self,
+        *,
+        sender: MetricSender,
+        run_id: str,
+        interval: float,
+        step_source: Any,
+        cpu: CpuMeter | None = None,
     ) -> None:
         from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
 
@@ -219,7 +236,7 @@ class SystemSampler:
             interval,
             step_source,
         )
-        self.cpu: CpuMeter | None = None
+        self._cpu = cpu or CpuMeter()
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._loop, name="fullthrottle-system-metrics", daemon=True
@@ -238,12 +255,8 @@ class SystemSampler:
         self._sample()  # one last point at the end of training
 
     def _sample(self) -> None:
-        started = time.thread_time()
-        try:
+        with self._cpu.measuring("system"):
             self._collect()
-        finally:
-            if self.cpu is not None:
-                self.cpu.add("system", time.thread_time() - started)
 
     def _collect(self) -> None:
         values: dict[str, float] = {}
@@ -323,18 +336,15 @@ class MlflowTrainingHook(TrainingHook):
                     run_id=self.run_id,
                     interval=self.link.system_metrics_interval_seconds,
                     step_source=lambda: self._step,
+                    cpu=self.cpu,
                 )
-                self._sampler.cpu = self.cpu
                 self._sampler.start()
         self._write_status()
 
     def on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
-        started = time.thread_time()
-        try:
+        with self.cpu.measuring("hook"):
             self._on_loop_end(step, metrics)
-        finally:
-            self.cpu.add("hook", time.thread_time() - started)
-            self.cpu.mark_loop_end()
+        self.cpu.mark_loop_end()
 
     def _on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
         values = {k: float(metrics[k]) for k in LOOP_METRICS if metrics.get(k) is not None}
@@ -371,11 +381,8 @@ class MlflowTrainingHook(TrainingHook):
 
     def on_checkpoint(self, step: int, path: str) -> None:
         """Releases the records this checkpoint covers: a resume will never train them again."""
-        started = time.thread_time()
-        try:
+        with self.cpu.measuring("hook"):
             self._release(until_step=step)
-        finally:
-            self.cpu.add("hook", time.thread_time() - started)
 
     def on_train_end(self, result: Any) -> None:
         self._close_point()

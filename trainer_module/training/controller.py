@@ -318,11 +318,11 @@ def train(
             if config.checkpoint_every_seconds is not None and not due:
                 late = time.monotonic() - last_save_time >= config.checkpoint_every_seconds
                 due = _agree_any(strategy, late, info.num_workers)
-            saving = 0.0
+            save_seconds = 0.0
             if due and step != last_saved:
-                saving = time.perf_counter()
+                save_start = time.perf_counter()
                 path = manager.save(checkpoint_number=step)
-                saving = time.perf_counter() - saving
+                save_seconds = time.perf_counter() - save_start
                 last_saved, last_save_time = step, time.monotonic()
                 for h in hooks:
                     h.on_checkpoint(step, path)
@@ -331,8 +331,8 @@ def train(
             # one starts. The save at the end of training is kept apart: every run pays it once,
             # whatever its checkpoint cadence.
             final = step >= config.train_steps
-            record["checkpoint_time"] = 0.0 if final else saving
-            record["final_checkpoint_time"] = saving if final else 0.0
+            record["checkpoint_time"] = 0.0 if final else save_seconds
+            record["final_checkpoint_time"] = save_seconds if final else 0.0
             record["host_time"] = (
                 time.perf_counter() - (t0 + wall) - record["final_checkpoint_time"]
             )

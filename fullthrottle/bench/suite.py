@@ -45,18 +45,21 @@ class Sizes:
 
     repeats: int = 5
     # Tabular windows are ~1.5 s: more of them cost little and steady the paired median (5 gave
-    # paired ratios anywhere in 0.93-1.00 for the same code on this shared machine).
-    tabular_repeats: int = 15
+    # paired ratios anywhere in 0.93-1.00 for the same code on this shared machine; 15 gave
+    # paired medians of 0.959-1.003 in nine runs of the same code on 2026-12-01, about one pair in
+    # seven an outlier below 0.9 when the machine's state flipped between its two windows).
+    tabular_repeats: int = 25
     transformer_window_steps: int = 50
     # Tabular steps take ~0.3 ms: 5,000 steps are ~1.5 s per window (1,000 steps swung +-10%).
     tabular_window_steps: int = 5000
     reader_batches: int = 400
     # Tabular steps take ~0.3 ms: 20k steps are ~5-10 s of training per sample (200 steps were
-    # ~0.1 s and gave ratios anywhere in 0.78-1.10; 20k still spread over 0.93-1.02). 9 reps: the
+    # ~0.1 s and gave ratios anywhere in 0.78-1.10; 20k still spread over 0.93-1.02). The
     # overhead is ~1% (standalone, 2026-11-30) while one contender's samples spread +-8% on this
-    # machine, and 5 reps gave paired medians of 0.95-1.02 for the same code.
+    # machine: 5 reps gave paired medians of 0.95-1.02 for the same code, 9 reps 0.970-1.014
+    # over four full runs (2026-11-30). 13 cost ~100 s more than 9.
     tracking_train_steps: int = 20_000
-    tracking_repeats: int = 9
+    tracking_repeats: int = 13
     beam_rows: tuple[int, ...] = (250_000, 500_000, 1_000_000)
     beam_workers: tuple[int, ...] = (1, 2)
     serving_requests: int = 1000

@@ -46,8 +46,8 @@ class Sizes:
     repeats: int = 5
     # Tabular windows are ~1.5 s: more of them cost little and steady the paired median (5 gave
     # paired ratios anywhere in 0.93-1.00 for the same code on this shared machine; 15 gave
-    # paired medians of 0.959-1.003 in nine runs of the same code on 2026-12-01, about one pair in
-    # seven an outlier below 0.9 when the machine's state flipped between its two windows).
+    # paired medians of 0.959-1.003 in nine runs of the same code on 2026-12-01, about one pair
+    # in ten below 0.9, when the machine's state flipped between its two windows).
     tabular_repeats: int = 25
     transformer_window_steps: int = 50
     # Tabular steps take ~0.3 ms: 5,000 steps are ~1.5 s per window (1,000 steps swung +-10%).

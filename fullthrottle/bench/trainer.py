@@ -76,6 +76,7 @@ class OurLoop:
             build_model,
             create_optimizer,
             create_strategy,
+            distribute_input,
             make_dataset,
             resolve_batch_sizes,
             resolve_precision_policy,
@@ -119,7 +120,7 @@ class OurLoop:
                 ds = dataset_transform(ds)
             return ds
 
-        self.iterator = iter(self.strategy.distribute_datasets_from_function(dataset_fn))
+        self.iterator = iter(distribute_input(self.strategy, dataset_fn))  # as train() does
         self.records: list[dict[str, Any]] = []
 
     def run_loop(self, steps: int) -> dict[str, Any]:

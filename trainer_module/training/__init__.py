@@ -20,6 +20,7 @@ from trainer_module.training.errors import (
     TrainingError,
 )
 from trainer_module.training.inputs import (
+    distribute_input,
     make_dataset,
     make_distributed_dataset,
     validate_feature_spec,
@@ -49,6 +50,7 @@ __all__ = [
     "cluster_info",
     "create_optimizer",
     "create_strategy",
+    "distribute_input",
     "dtype_policy",
     "make_dataset",
     "make_distributed_dataset",

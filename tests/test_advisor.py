@@ -184,6 +184,21 @@ def test_bands_and_small_steps():
     assert advice["training.per_replica_batch_size"] == 128
 
 
+def test_a_short_wait_from_cached_input_is_explained_as_the_hand_off():
+    def notes(wait_ms: float, cached: bool | None, step_ms: float = 0.24) -> list[str]:
+        m = StepTimeMeasurements(
+            step_ms / 1e3, wait_ms / 1e3, 5000, 10, 64, "float32", input_cached=cached
+        )
+        return advise(m, TrainingConfig(), CPU_NO_BF16)["notes"]
+
+    # The bench's tabular run: 0.08 ms of a 0.24 ms step, cached -> highly input-bound + note.
+    (note,) = notes(0.08, True)
+    assert "0.080 ms" in note and "handing over one batch" in note and "larger batches" in note
+    assert notes(0.08, False) == [] and notes(0.08, None) == []  # a streaming pipeline may be slow
+    assert notes(0.5, True, step_ms=1.0) == []  # longer than a hand-off: the pipeline is slow
+    assert notes(0.005, True, step_ms=1.0) == []  # not input-bound: nothing to explain
+
+
 def test_pipeline_run_saves_and_prints_the_advisor(penguins_run):
     from tests.helpers import last_run
 

@@ -195,6 +195,13 @@ def test_a_short_wait_from_cached_input_is_explained_as_the_hand_off():
     (note,) = notes(0.08, True)
     assert "0.080 ms" in note and "handing over one batch" in note and "larger batches" in note
     assert notes(0.08, False) == [] and notes(0.08, None) == []  # a streaming pipeline may be slow
+    # ... and the batch-size advice names the cost cached input still pays per batch.
+    m = StepTimeMeasurements(0.24e-3, 0.08e-3, 5000, 10, 64, "float32", input_cached=True)
+    why = {i["field"]: i["why"] for i in advise(m, TrainingConfig(), CPU_NO_BF16)["advice"]}
+    assert why["training.per_replica_batch_size"].startswith("handing each batch")
+    m = StepTimeMeasurements(0.24e-3, 0.08e-3, 5000, 10, 64, "float32", input_cached=False)
+    why = {i["field"]: i["why"] for i in advise(m, TrainingConfig(), CPU_NO_BF16)["advice"]}
+    assert why["training.per_replica_batch_size"].startswith("parsing is one vectorized op")
     assert notes(0.5, True, step_ms=1.0) == []  # longer than a hand-off: the pipeline is slow
     assert notes(0.005, True, step_ms=1.0) == []  # not input-bound: nothing to explain
 

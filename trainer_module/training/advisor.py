@@ -241,12 +241,18 @@ def _input_advice(
                 "over whichever batch is ready (the set of examples per epoch is unchanged)",
             )
         )
+    # Cached input is parsed once, so what a batch costs it is the per-batch hand-off.
+    per_batch = (
+        "handing each batch to the loop has a fixed cost"
+        if input_cached
+        else "parsing is one vectorized op per batch"
+    )
     advice.append(
         _item(
             "per_replica_batch_size",
             config.per_replica_batch_size * 2,
-            "parsing is one vectorized op per batch and each step has a fixed cost, so larger "
-            "batches cost less per example (the learning rate follows via learning_rate_scaling)",
+            f"{per_batch} and each step has a fixed cost, so larger batches cost less per "
+            "example (the learning rate follows via learning_rate_scaling)",
         )
     )
     return advice

@@ -19,7 +19,9 @@ from trainer_module.training import (
     build_model,
     cluster_info,
     create_strategy,
+    distribute_input,
     make_dataset,
+    make_distributed_dataset,
     resolve_batch_sizes,
     resolve_precision_policy,
     scaled_learning_rate,
@@ -329,7 +331,6 @@ def test_one_cpu_replica_iterates_its_dataset_without_tfs_distributed_iterator(
     """One CPU replica skips TF's multi-device iterator (measured ~110 us per step); the
     batches, and what ``strategy.run`` computes from them, are those of TF's iterator."""
     from tests.training_data import write_records
-    from trainer_module.training import distribute_input, make_distributed_dataset
 
     monkeypatch.delenv("TF_CONFIG", raising=False)
     inputs = tabular_inputs()

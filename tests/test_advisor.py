@@ -93,8 +93,7 @@ def test_in_memory_wide_model_is_not_input_bound_and_advice_names_compute_knobs(
         steps_per_loop=4,
         dropout_rate=0.0,
     )
-    # Steps of tens of ms: on a shared CPU, getting the next in-memory batch still costs the
-    # scheduling latency of tf.data's thread after the step released the cores (~2 ms measured).
+    # Steps of tens of ms: the loop's get_next of an in-memory batch is a small part of them.
     loop = OurLoop(data, config, source="memory", memory_batches=2)
     measured = _run(loop, loops=3, steps=4)
     report = advise(measured, config, CPU_BF16)
@@ -193,7 +192,9 @@ def test_a_short_wait_from_cached_input_is_explained_as_the_hand_off():
 
     # The bench's tabular run: 0.08 ms of a 0.24 ms step, cached -> highly input-bound + note.
     (note,) = notes(0.08, True)
-    assert "0.080 ms" in note and "handing over one batch" in note and "larger batches" in note
+    assert (
+        "0.080 ms" in note and "getting one batch to the loop" in note and "larger batches" in note
+    )
     assert notes(0.08, False) == [] and notes(0.08, None) == []  # a streaming pipeline may be slow
     # ... and the batch-size advice names the cost cached input still pays per batch.
     m = StepTimeMeasurements(0.24e-3, 0.08e-3, 5000, 10, 64, "float32", input_cached=True)

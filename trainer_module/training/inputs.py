@@ -9,6 +9,8 @@ Cached (``cache`` True, or "auto" and the training files are small, see :func:`r
   the records are read and parsed ONCE (one ParseExample over all of them) into memory; every
   epoch is then one gather per feature by a seeded permutation, sliced into batches by
   ``rebatch``. No per-record work after the first epoch, and a full shuffle (not a buffer).
+  The next permutation is computed in the background; batches are sliced in the loop's own
+  ``get_next`` (no final prefetch unless ``prefetch_buffer_size`` is set: faster for slices).
 
 Owns: reading, sharding, shuffling, batching, parsing. Refuses: a feature_spec that lacks a
 feature the model needs, or declares it with the wrong shape/dtype.
@@ -185,6 +187,14 @@ def make_dataset(
     options.deterministic = deterministic
     # We shard ourselves (by file, above); TF's auto-sharding would shard a second time.
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    if cache and config.prefetch_buffer_size is None:
+        # A cached batch is a slice of memory (its element's permutation is computed ahead, see
+        # _cached_epochs): the loop's own get_next takes it faster than a prefetch thread hands
+        # it over. Measured on the tabular model (0.22 ms steps, 2-core CPU): 1.05x examples/s
+        # without the final prefetch, as for in-memory batches (docs/performance.md). So no
+        # prefetch here, and none injected by tf.data; an explicit size still gets one.
+        options.experimental_optimization.inject_prefetch = False
+        return ds.with_options(options)
     ds = ds.with_options(options)
     return ds.prefetch(config.prefetch_buffer_size or AUTOTUNE)
 
@@ -220,7 +230,10 @@ def _cached_epochs(
             order = tf.tile(tf.range(rows, dtype=tf.int32), [k])
         return tf.nest.map_structure(lambda t: tf.gather(t, order), data)
 
-    return table.repeat().enumerate().map(permuted).rebatch(batch_size, drop_remainder=True)
+    # prefetch(1): the next element's permutation is computed in the background while the
+    # loop takes batches from the current one (the batches themselves are not prefetched).
+    permuted_epochs = table.repeat().enumerate().map(permuted).prefetch(1)
+    return permuted_epochs.rebatch(batch_size, drop_remainder=True)
 
 
 def make_distributed_dataset(

@@ -114,6 +114,7 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
         assert entry["ratio"] == pytest.approx(
             entry[entry["numerator"]]["median"] / entry[entry["denominator"]]["median"]
         )
+    assert result["baseline_window_steps"] == TINY.transformer_window_steps  # same window
     assert result["mfu"]["ours"] > 0 and result["mfu"]["tfx_example"] > 0
     assert result["mfu"]["ours_ceiling_dtype"] == "float32"
     # The ceiling was a contender: one sample per repetition, each MFU over its neighbour.
@@ -149,6 +150,19 @@ def test_reader_rates_alternate_both_readers(text_data):
     assert set(readers) == {"ours", "tfx_bsl"} and all(
         len(v) == TINY.repeats for v in readers.values()
     )
+
+
+def test_tabular_trainer_benchmark_times_fit_in_its_own_window(tmp_path):
+    # The tabular `fit` baseline gets its own (shorter) window; ratios stay per-second rates.
+    data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
+    config = dataclasses.replace(TINY_TRANSFORMER, model="tabular")
+    sizes = dataclasses.replace(TINY, tabular_baseline_window_steps=4)
+    result = suite._trainer_model(data, config, sizes, 10, "tabular")
+    assert result["window_steps"] == 10 and result["baseline_window_steps"] == 4
+    for key in ("vs_tfx_example", "input_efficiency"):
+        assert len(result[key]["paired"]) == TINY.tabular_repeats
+        assert result[key]["ratio"] > 0
+    assert "fused_vs_unfused" not in result and "trimmed_vs_untrimmed" not in result
 
 
 def test_tracking_benchmark_runs_train_with_and_without_mlflow(text_data, tmp_path):

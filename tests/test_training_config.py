@@ -327,7 +327,7 @@ def test_cached_input_reshuffles_every_epoch_and_batches_across_epochs(tmp_path)
 
 def test_cached_batches_are_sliced_by_get_next_with_the_next_permutation_prefetched(tmp_path):
     """Cached input has no final prefetch (a thread handing over slices of memory trained the
-    tabular model at 0.94x); the next element's permutation is prefetched ahead of ``rebatch``.
+    tabular model at 0.94-0.96x); the next element's permutation is prefetched ahead of ``rebatch``.
     An explicit ``prefetch_buffer_size``, and streaming input, keep a final prefetch."""
     from tests.training_data import write_records
     from trainer_module.training import make_dataset

@@ -116,7 +116,7 @@ class OurLoop:
             if source == "memory":
                 # The same parsed batches, held in memory: what the loop does with no input cost.
                 # Taken by the loop's own get_next, the fastest way to feed batches already in
-                # memory (a prefetch thread handing them over: 0.95x on the tabular model).
+                # memory (a prefetch thread handing them over: 0.95-0.96x on the tabular model).
                 options = tf.data.Options()
                 options.experimental_optimization.inject_prefetch = False
                 ds = ds.take(memory_batches).cache().repeat().with_options(options)

@@ -232,7 +232,7 @@ def _input_advice(
                 f"a fixed prefetch of {config.prefetch_buffer_size} batch(es); "
                 + (
                     "with None, cached batches are sliced by the loop's own get_next (no prefetch "
-                    "thread handing them over, 1.06x on the tabular model)"
+                    "thread handing them over, 1.05-1.06x on the tabular model)"
                     if input_cached
                     else "None autotunes it, which absorbs uneven parse times"
                 ),

@@ -190,8 +190,8 @@ def make_dataset(
     if cache and config.prefetch_buffer_size is None:
         # A cached batch is a slice of memory (its element's permutation is computed ahead, see
         # _cached_epochs): the loop's own get_next takes it faster than a prefetch thread hands
-        # it over. Measured on the tabular model (0.22 ms steps, 2-core CPU): 1.05x examples/s
-        # without the final prefetch, as for in-memory batches (docs/performance.md). So no
+        # it over. Measured on the tabular model (0.22 ms steps, 2-core CPU): 1.05-1.06x examples/s
+        # without the final prefetch (two runs), as for in-memory batches (docs/performance.md). So no
         # prefetch here, and none injected by tf.data; an explicit size still gets one.
         options.experimental_optimization.inject_prefetch = False
         return ds.with_options(options)

@@ -330,7 +330,6 @@ def test_cached_batches_are_sliced_by_get_next_with_the_next_permutation_prefetc
     tabular model at 0.94-0.96x); the next element's permutation is prefetched ahead of ``rebatch``.
     An explicit ``prefetch_buffer_size``, and streaming input, keep a final prefetch."""
     from tests.training_data import write_records
-    from trainer_module.training import make_dataset
 
     inputs = tabular_inputs()
     files = write_records(tmp_path / "d", inputs, files=1, per_file=20)

@@ -43,7 +43,12 @@ from tests.helpers import REPO, eval_split_examples, last_run, strip_label
 
 pytestmark = pytest.mark.slow
 
-TRAIN_STEPS = 200
+# Kill targets are drawn within 60 steps of where a run resumed (at most ~200 over the three
+# kills), and a kill lands up to ~35 ms (a 5 ms poll and a 0-30 ms wait) after its checkpoint.
+# The tabular model trains fast (a kill aimed at step 21 first saw checkpoint 40: 20 steps and a
+# save fell between two polls), so with 200 steps in all a kill could land after the last step
+# (it did once in CI). 2,000 leave ~1,800 steps and 90 saves after any kill target.
+TRAIN_STEPS = 2000
 CHECKPOINT_EVERY = 20
 TRAINER_KILLS = 3
 PUSHER_RANDOM_KILLS = 4

@@ -16,7 +16,7 @@ import pytest
 
 from fullthrottle.bench import suite
 from fullthrottle.bench.data import write_synthetic_training_data
-from fullthrottle.bench.measure import alternate, describe, ratio
+from fullthrottle.bench.measure import alternate, describe, median_interval, ratio
 from fullthrottle.bench.trainer import reader_rates, tracking_rates, training_flops_per_example
 from trainer_module.training import TrainingConfig
 
@@ -80,6 +80,53 @@ def test_alternate_rotates_order_and_ratio_is_of_medians():
     assert verdict["measured"] == pytest.approx(0.49) and verdict["met"] is False
 
 
+def test_median_interval_is_the_binomial_order_statistics():
+    # 13 values: x(4)-x(10) covers the median with probability 1 - 2 P(Binomial(13, 1/2) <= 3).
+    interval = median_interval([float(v) for v in range(13, 0, -1)])
+    assert (interval["low"], interval["high"]) == (4.0, 10.0)
+    assert interval["coverage"] == pytest.approx(1 - 2 * (1 + 13 + 78 + 286) / 2**13)
+    # Too few values for 90%: the whole range, with the coverage it has.
+    three = median_interval([3.0, 1.0, 2.0])
+    assert (three["low"], three["high"], three["coverage"]) == (1.0, 3.0, pytest.approx(0.75))
+
+
+def _tracking_verdict(paired: list[float]) -> tuple[dict, str]:
+    """The tracking target's verdict, and its table row, for these paired on/off ratios."""
+    entry = suite._ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
+    results = {"tracking": {**entry, "train_steps": 100}}
+    document = {
+        "results": results,
+        "targets": suite.targets(results),
+        "machine": {"cpu": "x", "cpu_count": 2, "cpu_bf16": False, "gpus": [], "tensorflow": "t"},
+        "mode": "quick",
+        "date": "d",
+        "git_commit": "c",
+        "suite_seconds": 1.0,
+    }
+    verdict = {t["name"]: t for t in document["targets"]}["tracking_on_vs_off"]
+    row = next(r for r in suite.markdown_table(document).splitlines() if "MLflow on vs off" in r)
+    return verdict, row
+
+
+def test_a_verdict_is_decided_only_when_the_interval_clears_the_line():
+    # Met, and the interval x(4)-x(10) (0.993-0.999) lies above 0.98: decided.
+    met, row = _tracking_verdict([0.99 + 0.001 * i for i in range(13)])
+    assert met["met"] and met["decided"] and row.endswith(">= 0.98: met |")
+    # Missed, and the interval (0.933-0.939) lies below the line: decided.
+    missed, row = _tracking_verdict([0.93 + 0.001 * i for i in range(13)])
+    assert not missed["met"] and missed["decided"] and row.endswith(">= 0.98: NOT met |")
+    # Missed on the median (0.976), but its interval 0.972-0.985 reaches past 0.98: undecided.
+    straddle = [0.95, 0.96, 0.965, 0.972, 0.974, 0.975, 0.976, 0.978, 0.98, 0.985, 0.99, 1.0, 1.01]
+    undecided, row = _tracking_verdict(straddle)
+    assert not undecided["met"] and not undecided["decided"]
+    assert undecided["paired_interval"]["low"] == 0.972
+    assert undecided["paired_interval"]["high"] == 0.985
+    assert "NOT met (undecided: the paired median's 91% interval 0.972-0.985 contains" in row
+    # Three pairs, all above the line, still decide nothing at 90%.
+    few, row = _tracking_verdict([1.0, 1.01, 1.02])
+    assert few["met"] and not few["decided"] and "too few pairs for a 90% interval" in row
+
+
 def test_transformer_flops_follow_the_documented_formula(text_data):
     s, d, f, classes = 12, 16, 32, 3
     width = 2 + d  # numeric features + pooled text
@@ -115,6 +162,9 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
             entry[entry["numerator"]]["median"] / entry[entry["denominator"]]["median"]
         )
     assert result["baseline_window_steps"] == TINY.transformer_window_steps  # same window
+    phases = result["phase_seconds"]
+    assert set(phases) == {"build_and_warm_up", "alternated_windows", "reader"}
+    assert all(seconds > 0 for seconds in phases.values()), phases
     assert result["mfu"]["ours"] > 0 and result["mfu"]["tfx_example"] > 0
     assert result["mfu"]["ours_ceiling_dtype"] == "float32"
     # The ceiling was a contender: one sample per repetition, each MFU over its neighbour.

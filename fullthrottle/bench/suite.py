@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.bench.measure import describe, ratio
+from fullthrottle.bench.measure import INTERVAL_CONFIDENCE, describe, ratio
 
 REPO = Path(__file__).resolve().parent.parent.parent
 BENCHMARKS = ("pipeline", "trainer", "tracking", "beam", "serving")
@@ -57,6 +57,12 @@ class Sizes:
     # 5,000 steps took ~4.3 s of each repetition; its ratio (~3.6x against a 2x line) needs no
     # more, and half of it pays for the extra repetitions above.
     tabular_baseline_window_steps: int | None = 2500
+    # Steps each Transformer contender runs before its windows (None = one loop of the config's
+    # steps_per_loop, as for the tabular model, whose 50 steps take ~20 ms). The first step
+    # traces the loop. The in-memory contender runs at least as many steps as it holds batches,
+    # so its cache is full before it is timed. Quick mode takes 3: at 0.47 s per float32 step
+    # (AMD EPYC without AVX512, 2026-12-01), four contenders' 50-step warm-ups took ~130 s.
+    transformer_warmup_steps: int | None = None
     reader_batches: int = 400
     # Tabular steps take ~0.3 ms: 20k steps are ~5-10 s of training per sample (200 steps were
     # ~0.1 s and gave ratios anywhere in 0.78-1.10; 20k still spread over 0.93-1.02). The
@@ -81,6 +87,7 @@ QUICK = Sizes(
     repeats=3,
     tabular_repeats=7,
     transformer_window_steps=10,
+    transformer_warmup_steps=3,
     tabular_window_steps=2000,
     tabular_baseline_window_steps=None,
     reader_batches=200,
@@ -172,13 +179,16 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     )
     from trainer_module.training import training_model_options
 
+    started = time.perf_counter()
     ours = OurLoop(data, config)
     memory = OurLoop(data, config, source="memory")
     baseline = KerasFitBaseline(data, config)
     warm = max(config.steps_per_loop, 2)
+    if name == "transformer" and sizes.transformer_warmup_steps:
+        warm = max(sizes.transformer_warmup_steps, 2)
     ours.measure(warm)  # tracing
-    memory.measure(warm)
-    baseline.measure(min(window, 20))
+    memory.measure(max(warm, memory.memory_batches))  # its cache is full before any timed window
+    baseline.measure(min(window, 20, warm))
     baseline_window = window
     if name == "tabular":
         baseline_window = sizes.tabular_baseline_window_steps or window
@@ -212,7 +222,9 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     ceiling_probe = MatmulCeiling(compute_dtype(ours.policy))
     contenders["matmul_ceiling"] = ceiling_probe.measure
     repeats = sizes.tabular_repeats if name == "tabular" else sizes.repeats
+    warmed = time.perf_counter()
     samples = alternate(contenders, repeats=repeats)
+    alternated = time.perf_counter()
     flops = training_flops_per_example(data, config)
     ceilings = {
         compute_dtype(ours.policy): {
@@ -279,6 +291,12 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
             "tfx_example_ceiling_dtype": "float32",
         },
         "advisor": advice,
+        # Where this benchmark's time went: building and warming the contenders, then the
+        # alternated windows (quick mode's budget is mostly the first on a slow machine).
+        "phase_seconds": {
+            "build_and_warm_up": warmed - started,
+            "alternated_windows": alternated - warmed,
+        },
     }
 
 
@@ -287,7 +305,9 @@ def measure_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) 
     from fullthrottle.bench.trainer import reader_rates
 
     entry = _trainer_model(data, config, sizes, window, name)
+    started = time.perf_counter()
     samples = reader_rates(data, config, batches=sizes.reader_batches, repeats=sizes.repeats)
+    entry["phase_seconds"]["reader"] = time.perf_counter() - started
     reader = _ratio_entry(samples, "ours", "tfx_bsl")
     reader["headroom_vs_training"] = (
         reader["ours"]["median"] / entry["vs_tfx_example"]["ours"]["median"]
@@ -596,15 +616,34 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ),
         "tracking_on_vs_off": _conservative_ratio(_get(results, "tracking")),
     }
-    return [
-        {
-            "name": name,
-            "target": target,
-            "measured": measured[name],
-            "met": None if measured[name] is None else measured[name] >= target,
-        }
-        for name, target in TARGETS.items()
-    ]
+    intervals = {
+        "transformer_vs_tfx_example": _get(
+            results, "trainer", "transformer", "vs_tfx_example", "paired_interval"
+        ),
+        "transformer_input_efficiency": _get(
+            results, "trainer", "transformer", "input_efficiency", "paired_interval"
+        ),
+        "tabular_input_efficiency": _get(
+            results, "trainer", "tabular", "input_efficiency", "paired_interval"
+        ),
+        "tracking_on_vs_off": _get(results, "tracking", "paired_interval"),
+    }
+    out = []
+    for name, target in TARGETS.items():
+        met = None if measured[name] is None else measured[name] >= target
+        interval = intervals.get(name)
+        entry = {"name": name, "target": target, "measured": measured[name], "met": met}
+        if interval is not None and met is not None:
+            # Decided when the paired median's interval lies wholly on the verdict's side of the
+            # line: a verdict on a median whose interval straddles the line could flip in the
+            # next run of the same code.
+            # So is a verdict from too few pairs for a 90% interval (n < 5: quick mode's 3).
+            entry["paired_interval"] = interval
+            entry["decided"] = interval["coverage"] >= INTERVAL_CONFIDENCE and (
+                interval["low"] >= target if met else interval["high"] < target
+            )
+        out.append(entry)
+    return out
 
 
 # ------------------------------------------------------------------------------ the table
@@ -632,7 +671,18 @@ def markdown_table(document: dict[str, Any]) -> str:
         t = target_of.get(name)
         if not t or t["met"] is None:
             return ""
-        return f">= {t['target']:g}: {'met' if t['met'] else 'NOT met'}"
+        text = f">= {t['target']:g}: {'met' if t['met'] else 'NOT met'}"
+        interval = t.get("paired_interval")
+        if interval is None or t["decided"]:
+            return text
+        if interval["coverage"] < INTERVAL_CONFIDENCE:
+            why = f"too few pairs for a {INTERVAL_CONFIDENCE:.0%} interval of the paired median"
+        else:
+            why = (
+                f"the paired median's {interval['coverage']:.0%} interval "
+                f"{interval['low']:.3f}-{interval['high']:.3f} contains the line"
+            )
+        return f"{text} (undecided: {why}; more repetitions would decide)"
 
     rows = [
         "| benchmark | contenders (median examples/s, ±half spread) | ratio of medians (paired median) [paired min-max] | target (judged on the lower ratio) |",

@@ -88,6 +88,7 @@ class OurLoop:
         if source not in ("tfrecord", "memory"):
             raise ValueError(f"source must be 'tfrecord' or 'memory', got {source!r}")
         self.config = config
+        self.memory_batches = memory_batches if source == "memory" else 0
         self.strategy = create_strategy(config)
         keras.utils.set_random_seed(config.seed)
         self.policy, _ = resolve_precision_policy(config)

@@ -156,15 +156,20 @@ def test_dropout_add_with_bias_matches_plain_ops_in_value_and_gradients():
     assert 0.05 < float(1 - tf.reduce_mean(keep)) < 0.15  # some elements really dropped
 
 
-def test_column_sum_accumulates_bfloat16_in_float32():
+@pytest.mark.parametrize("emulated_bf16", [False, True])
+def test_column_sum_accumulates_bfloat16_in_float32(emulated_bf16, monkeypatch):
     # Bias gradients of the fused model are column sums of bf16 tensors over batch x sequence
     # rows (8192 in the benchmark). Accumulated in float32, the only error is the final bf16
     # rounding (relative 2**-8); TensorFlow's bf16 BiasAddGrad accumulated in bf16 and was off
-    # by half the sum's size on this tensor.
+    # by half the sum's size on this tensor. Checked with this machine's own path (a bf16
+    # matmul where bf16 is native, float32 where it is emulated) and with the float32 path.
+    if emulated_bf16:
+        monkeypatch.setattr(fused, "_bf16_matmul_sums_in_float32", lambda: False)
     rng = np.random.default_rng(6)
     x = tf.cast(tf.constant(rng.normal(size=(8192, 64)), tf.float32), tf.bfloat16)
     got = tf.cast(fused.column_sum(x), tf.float64).numpy()
     exact = tf.reduce_sum(tf.cast(x, tf.float64), axis=0).numpy()
+    assert fused.column_sum(x).dtype == tf.bfloat16
     assert np.all(np.abs(got - exact) <= np.abs(exact) * 2.0**-8 + 1e-3), np.abs(got - exact).max()
     assert fused.column_sum(tf.ones([2, 3, 4])).numpy().tolist() == [6.0] * 4
 

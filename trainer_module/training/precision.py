@@ -31,6 +31,12 @@ def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
+def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512_BF16 or AMX-BF16): oneDNN runs bf16
+    matmuls there, accumulating in float32. Without it TensorFlow emulates bf16."""
+    return any(flag in cpu_flags(cpuinfo_path) for flag in _BF16_CPU_FLAGS)
+
+
 def _gpu_compute_capabilities() -> list[tuple[int, int]]:
     caps = []
     for gpu in tf.config.list_physical_devices("GPU"):

@@ -25,7 +25,9 @@ TINY = dataclasses.replace(
     repeats=2,
     tabular_repeats=2,
     transformer_window_steps=3,
+    transformer_window_seconds=None,
     tabular_window_steps=10,
+    tabular_baseline_window_steps=None,
     reader_batches=5,
     tracking_train_steps=20,
     tracking_repeats=1,
@@ -140,10 +142,12 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
     temp = tmp_path / "temp"
     temp.mkdir()
     monkeypatch.setenv("TMPDIR", str(temp))
-    # In its own process, as the suite measures each model.
+    # In its own process, as the suite measures each model. Windows sized in seconds, as in
+    # quick mode: a window this short is the 2-step minimum, whatever the step time.
     work = tmp_path / "work"
+    sizes = dataclasses.replace(TINY, transformer_window_seconds=1e-6)
     result = suite.measure_model_in_process(
-        work, text_data, TINY_TRANSFORMER, TINY, TINY.transformer_window_steps, "transformer"
+        work, text_data, TINY_TRANSFORMER, sizes, TINY.transformer_window_steps, "transformer"
     )
     # The process skips teardown, so autograph's generated files stay: in the job's own temp
     # folder (removed with the suite's work folder), not in the user's.
@@ -161,7 +165,7 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
         assert entry["ratio"] == pytest.approx(
             entry[entry["numerator"]]["median"] / entry[entry["denominator"]]["median"]
         )
-    assert result["baseline_window_steps"] == TINY.transformer_window_steps  # same window
+    assert result["window_steps"] == result["baseline_window_steps"] == 2  # the same window
     phases = result["phase_seconds"]
     assert set(phases) == {"build_and_warm_up", "alternated_windows", "reader"}
     assert all(seconds > 0 for seconds in phases.values()), phases
@@ -232,6 +236,18 @@ def test_tracking_benchmark_runs_train_with_and_without_mlflow(text_data, tmp_pa
     (cpu,) = measured["cpu"]
     assert cpu["hook"] > 0 and 0 < cpu["fraction"] < 1
     assert any(0 < r.data.metrics.get("tracking_cpu_fraction", 0) < 1 for r in runs)
+
+
+def test_window_steps_fill_the_window_in_whole_steps():
+    assert suite.window_steps(0.47, 1.5) == 3  # a float32 Transformer step on 2 AVX2 cores
+    assert suite.window_steps(0.08, 1.5) == 19  # a bf16 one on AVX512_BF16
+    assert suite.window_steps(5.0, 1.5) == 2  # never fewer than 2
+
+
+def test_quick_mode_skips_beam_scaling_and_says_so(tmp_path):
+    beam = suite.bench_beam(tmp_path, suite.QUICK)
+    assert "quick mode runs no Beam scaling point" in beam["skipped"]
+    assert list(tmp_path.iterdir()) == []  # nothing was generated or run
 
 
 def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):

@@ -51,6 +51,11 @@ class Sizes:
     # 0.953-1.016 in seven runs of the same code, pooled median 0.992 over their 175 pairs).
     tabular_repeats: int = 40
     transformer_window_steps: int = 50
+    # When set, the Transformer's windows are this many seconds of ours instead (steps from
+    # ours' step time measured after its warm-up; at least 2): a float32 step took 0.47 s on an
+    # AVX2-only EPYC and a bf16 step 0.08 s on an AVX512_BF16 one (2026-12-01), so a fixed step
+    # count cannot keep quick mode under 5 minutes on both.
+    transformer_window_seconds: float | None = None
     # Tabular steps take ~0.22 ms: 5,000 steps are ~1.1 s per window (1,000 steps swung +-10%).
     tabular_window_steps: int = 5000
     # The tabular `fit` baseline's window (None = tabular_window_steps): at ~75k examples/s its
@@ -80,20 +85,23 @@ class Sizes:
 
 
 FULL = Sizes()
-# Quick mode (< 5 minutes on 2 shared cores): the same benchmarks, less of each. Beam runs one
-# point (5k rows, 1 worker: the 2-vs-1 ratio needs the full mode's sizes to mean anything, since
-# worker start-up dominates small inputs), the pipeline trains 100 steps, tracking 4,000.
+# Quick mode (< 5 minutes on 2 shared cores): the same benchmarks, less of each, except Beam
+# scaling, which it skips: its one quick point (5k rows, 1 worker) measured worker and pipeline
+# start-up only (101 rows/s, 70 s of a 498 s quick suite on an AVX2-only EPYC, 2026-12-01); the
+# pipeline row gives ExampleGen's and Transform's seconds on the bundled data. The pipeline
+# trains 100 steps, tracking 2,000; Transformer windows are ~1.5 s of ours.
 QUICK = Sizes(
     repeats=3,
     tabular_repeats=7,
     transformer_window_steps=10,
+    transformer_window_seconds=1.5,
     transformer_warmup_steps=3,
     tabular_window_steps=2000,
-    tabular_baseline_window_steps=None,
+    tabular_baseline_window_steps=1000,
     reader_batches=200,
-    tracking_train_steps=4_000,
+    tracking_train_steps=2_000,
     tracking_repeats=3,
-    beam_rows=(5_000,),
+    beam_rows=(),
     beam_workers=(1,),
     serving_requests=200,
     serving_concurrency=4,
@@ -166,6 +174,11 @@ def bench_pipeline(work: Path, sizes: Sizes) -> dict[str, Any]:
     }
 
 
+def window_steps(step_seconds: float, window_seconds: float, minimum: int = 2) -> int:
+    """Whole steps that fill ``window_seconds`` at ``step_seconds`` each (at least ``minimum``)."""
+    return max(minimum, round(window_seconds / step_seconds))
+
+
 def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) -> dict[str, Any]:
     from fullthrottle.bench.measure import alternate
     from fullthrottle.bench.trainer import (
@@ -187,6 +200,9 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     if name == "transformer" and sizes.transformer_warmup_steps:
         warm = max(sizes.transformer_warmup_steps, 2)
     ours.measure(warm)  # tracing
+    if name == "transformer" and sizes.transformer_window_seconds:
+        step_seconds = ours.batch.global_batch / ours.measure(2)
+        window = window_steps(step_seconds, sizes.transformer_window_seconds)
     memory.measure(max(warm, memory.memory_batches))  # its cache is full before any timed window
     baseline.measure(min(window, 20, warm))
     baseline_window = window
@@ -441,6 +457,11 @@ def bench_beam(work: Path, sizes: Sizes) -> dict[str, Any]:
     )
     from fullthrottle.config import BeamConfig, DataSpec
 
+    if not sizes.beam_rows:
+        return {
+            "skipped": "quick mode runs no Beam scaling point (start-up dominates small inputs); "
+            "the full mode measures 250k-1M rows with 1 and 2 workers"
+        }
     points = []
     for rows in sizes.beam_rows:
         csv_path = write_tabular_csv(work / "beam" / f"rows{rows}" / "data.csv", rows)

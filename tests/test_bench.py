@@ -26,6 +26,7 @@ TINY = dataclasses.replace(
     tabular_repeats=2,
     transformer_window_steps=3,
     transformer_window_seconds=None,
+    fused_vs_unfused=True,
     tabular_window_steps=10,
     tabular_baseline_window_steps=None,
     reader_batches=5,

@@ -64,10 +64,12 @@ class Sizes:
     tabular_baseline_window_steps: int | None = 2500
     # Steps each Transformer contender runs before its windows (None = one loop of the config's
     # steps_per_loop, as for the tabular model, whose 50 steps take ~20 ms). The first step
-    # traces the loop. The in-memory contender runs at least as many steps as it holds batches,
-    # so its cache is full before it is timed. Quick mode takes 3: at 0.47 s per float32 step
+    # traces the loop. Quick mode takes 3: at 0.47 s per float32 step
     # (AMD EPYC without AVX512, 2026-12-01), four contenders' 50-step warm-ups took ~130 s.
     transformer_warmup_steps: int | None = None
+    # The fused-kernels lever, side by side (Transformer only; no target rides on it). Quick mode
+    # leaves it out: its build, tracing and windows took ~12 s of a 292 s quick suite.
+    fused_vs_unfused: bool = True
     reader_batches: int = 400
     # Tabular steps take ~0.3 ms: 20k steps are ~5-10 s of training per sample (200 steps were
     # ~0.1 s and gave ratios anywhere in 0.78-1.10; 20k still spread over 0.93-1.02). The
@@ -92,8 +94,9 @@ FULL = Sizes()
 # trains 100 steps, tracking 2,000; Transformer windows are ~1.5 s of ours.
 QUICK = Sizes(
     repeats=3,
-    tabular_repeats=7,
+    tabular_repeats=5,
     transformer_window_steps=10,
+    fused_vs_unfused=False,
     transformer_window_seconds=1.5,
     transformer_warmup_steps=3,
     tabular_window_steps=2000,
@@ -203,7 +206,8 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     if name == "transformer" and sizes.transformer_window_seconds:
         step_seconds = ours.batch.global_batch / ours.measure(2)
         window = window_steps(step_seconds, sizes.transformer_window_seconds)
-    memory.measure(max(warm, memory.memory_batches))  # its cache is full before any timed window
+    memory.fill_cache()  # its batches are all in memory before any timed window
+    memory.measure(warm)
     baseline.measure(min(window, 20, warm))
     baseline_window = window
     if name == "tabular":
@@ -219,6 +223,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     # The fused-kernel lever, side by side: the same loop with the Transformer's plain Keras
     # layers (training.fused_kernels=False). The tabular model has nothing to fuse.
     fusable = config.resolved_model(data.model_inputs) == "transformer" and config.fused_kernels
+    fusable = fusable and sizes.fused_vs_unfused
     if fusable:
         unfused = OurLoop(data, dataclasses.replace(config, fused_kernels=False))
         unfused.measure(warm)

@@ -64,11 +64,13 @@ class Sizes:
     tabular_baseline_window_steps: int | None = 2500
     # Steps each Transformer contender runs before its windows (None = one loop of the config's
     # steps_per_loop, as for the tabular model, whose 50 steps take ~20 ms). The first step
-    # traces the loop. Quick mode takes 3: at 0.47 s per float32 step
-    # (AMD EPYC without AVX512, 2026-12-01), four contenders' 50-step warm-ups took ~130 s.
+    # traces the loop. Quick mode takes 3: at 0.47 s per float32 step (AMD EPYC without
+    # AVX512, 2026-12-01), cutting four contenders' 50-step warm-ups to 3 took the quick suite
+    # from 620 to 498 s.
     transformer_warmup_steps: int | None = None
     # The fused-kernels lever, side by side (Transformer only; no target rides on it). Quick mode
-    # leaves it out: its build, tracing and windows took ~12 s of a 292 s quick suite.
+    # leaves it out: its build, tracing and windows were an estimated ~12 s (not measured on
+    # their own) of a 292 s quick suite on the AVX2-only EPYC.
     fused_vs_unfused: bool = True
     reader_batches: int = 400
     # Tabular steps take ~0.3 ms: 20k steps are ~5-10 s of training per sample (200 steps were
@@ -662,8 +664,8 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         if interval is not None and met is not None:
             # Decided when the paired median's interval lies wholly on the verdict's side of the
             # line: a verdict on a median whose interval straddles the line could flip in the
-            # next run of the same code.
-            # So is a verdict from too few pairs for a 90% interval (n < 5: quick mode's 3).
+            # next run of the same code. A verdict from fewer pairs than a 90% interval needs
+            # (n < 5: quick mode's 3) is undecided too.
             entry["paired_interval"] = interval
             entry["decided"] = interval["coverage"] >= INTERVAL_CONFIDENCE and (
                 interval["low"] >= target if met else interval["high"] < target

@@ -24,6 +24,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
+from trainer_module.training.checkpoints import TracedWriteCheckpoint
 from trainer_module.training.config import (
     ModelInputs,
     TrainingConfig,
@@ -193,8 +194,13 @@ def train(
             if "seed_generator_state" in v.path
         }
     )
-    checkpoint = tf.train.Checkpoint(
-        model=model, optimizer=optimizer, step=loop.step, rng_state=rng_state
+    saved = {"model": model, "optimizer": optimizer, "step": loop.step, "rng_state": rng_state}
+    checkpoint = (
+        tf.train.Checkpoint(**saved)
+        if info.num_workers > 1
+        else TracedWriteCheckpoint(
+            structure_key=lambda: (len(model.variables), len(optimizer.variables)), **saved
+        )
     )
     own_tmp = None
     if info.is_chief:

@@ -245,9 +245,11 @@ def test_window_steps_fill_the_window_in_whole_steps():
     assert suite.window_steps(5.0, 1.5) == 2  # never fewer than 2
 
 
-def test_quick_mode_skips_beam_scaling_and_says_so(tmp_path):
+def test_quick_mode_skips_beam_scaling_and_the_checkpoint_lever_and_says_so(tmp_path):
     beam = suite.bench_beam(tmp_path, suite.QUICK)
     assert "quick mode runs no Beam scaling point" in beam["skipped"]
+    checkpoints = suite.bench_checkpoints(tmp_path, suite.QUICK, None)
+    assert "quick mode runs no checkpoint lever" in checkpoints["skipped"]
     assert list(tmp_path.iterdir()) == []  # nothing was generated or run
 
 
@@ -285,13 +287,21 @@ def test_a_failed_benchmark_keeps_the_temp_work_folder_for_its_logs(tmp_path, mo
     assert work.parent == temp and (work / "beam").is_dir()
 
 
-def test_tracking_benchmark_alone_makes_its_own_data(tmp_path):
-    # `fullthrottle bench --only tracking` (no pipeline benchmark to take the data from) runs
-    # the pipeline's prefix up to Transform itself, as the trainer benchmark does.
-    # Three loops of the default steps_per_loop: the timed span is from loop 1's end to the last.
-    sizes = dataclasses.replace(TINY, tracking_train_steps=3 * TrainingConfig().steps_per_loop)
+def test_tracking_and_checkpoint_benchmarks_alone_make_their_own_data(tmp_path):
+    # `fullthrottle bench --only tracking --only checkpoints` (no pipeline benchmark to take the
+    # data from) runs the pipeline's prefix up to Transform itself, once, as the trainer
+    # benchmark does. Three loops of the default steps_per_loop: the timed span is from loop 1's
+    # end to the last.
+    loops = 3 * TrainingConfig().steps_per_loop
+    sizes = dataclasses.replace(
+        TINY, tracking_train_steps=loops, checkpoint_train_steps=loops, checkpoint_repeats=1
+    )
     document = suite.run_suite(
-        sizes=sizes, mode="tiny", work_dir=tmp_path / "work", only=("tracking",), log=lambda m: None
+        sizes=sizes,
+        mode="tiny",
+        work_dir=tmp_path / "work",
+        only=("tracking", "checkpoints"),
+        log=lambda m: None,
     )
     tracking = document["results"]["tracking"]
     assert "error" not in tracking, tracking.get("trace")
@@ -302,3 +312,14 @@ def test_tracking_benchmark_alone_makes_its_own_data(tmp_path):
     cpu = tracking["tracking_cpu"]
     assert cpu["hook"] > 0 and cpu["wall_seconds"] > 0 and 0 < cpu["fraction"] < 1
     assert "tracking: its own CPU time while training" in suite.markdown_table(document)
+
+    # Traced vs eager periodic saves, both through the real train(): each ran, each saved.
+    checkpoints = document["results"]["checkpoints"]
+    assert "error" not in checkpoints, checkpoints.get("trace")
+    assert len(checkpoints["paired"]) == 1
+    assert checkpoints["traced"]["median"] > 0 and checkpoints["eager"]["median"] > 0
+    assert checkpoints["saves"] == {"traced": ["traced"], "eager": ["eager"]}
+    # The default cadence (a save every 100 steps) falls inside these 3 x 50 steps.
+    assert checkpoints["checkpoint_every_steps"] < loops
+    assert all(0 < share < 1 for share in checkpoints["checkpoint_share"].values())
+    assert "checkpoints: periodic saves traced vs eager" in suite.markdown_table(document)

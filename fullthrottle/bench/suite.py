@@ -28,7 +28,7 @@ from typing import Any
 from fullthrottle.bench.measure import INTERVAL_CONFIDENCE, describe, ratio
 
 REPO = Path(__file__).resolve().parent.parent.parent
-BENCHMARKS = ("pipeline", "trainer", "tracking", "beam", "serving")
+BENCHMARKS = ("pipeline", "trainer", "tracking", "checkpoints", "beam", "serving")
 
 TARGETS = {
     "transformer_vs_tfx_example": 2.0,
@@ -80,6 +80,12 @@ class Sizes:
     # over four full runs (2026-11-30). 13 cost ~100 s more than 9.
     tracking_train_steps: int = 20_000
     tracking_repeats: int = 13
+    # Traced vs eager periodic saves (training.traced_checkpoint_saves), real `train()` on the
+    # tabular data at the default cadence. 12 pairs of 5,000 steps measured 1.29x paired
+    # [1.16-1.39] standalone (2026-12-01, AVX2-only EPYC); 0 skips it (quick mode: a lever, no
+    # target rides on it, and quick mode has no time to spare on that machine).
+    checkpoint_train_steps: int = 5000
+    checkpoint_repeats: int = 9
     beam_rows: tuple[int, ...] = (250_000, 500_000, 1_000_000)
     beam_workers: tuple[int, ...] = (1, 2)
     serving_requests: int = 1000
@@ -106,6 +112,7 @@ QUICK = Sizes(
     reader_batches=200,
     tracking_train_steps=2_000,
     tracking_repeats=3,
+    checkpoint_repeats=0,
     beam_rows=(),
     beam_workers=(1,),
     serving_requests=200,
@@ -453,6 +460,28 @@ def bench_tracking(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) ->
     return entry
 
 
+def bench_checkpoints(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> dict[str, Any]:
+    """Periodic saves traced vs eager (``training.traced_checkpoint_saves``) around the real
+    ``train()`` on the tabular data, whose short steps make the saves' cost visible."""
+    if not sizes.checkpoint_repeats:
+        return {"skipped": "checkpoint_repeats is 0 (quick mode runs no checkpoint lever)"}
+    from fullthrottle.bench.data import TABULAR_TRAINING, training_data_from_run
+    from fullthrottle.bench.trainer import checkpoint_rates
+    from fullthrottle.config import DataSpec
+
+    data = training_data_from_run(str(_tabular_mlmd(work, pipeline)), DataSpec(), name="tabular")
+    config = dataclasses.replace(TABULAR_TRAINING, train_steps=sizes.checkpoint_train_steps)
+    measured = checkpoint_rates(data, config, repeats=sizes.checkpoint_repeats)
+    entry = _ratio_entry(measured["samples"], "traced", "eager")
+    entry["train_steps"] = config.train_steps
+    entry["checkpoint_every_steps"] = config.checkpoint_every_steps
+    entry["saves"] = measured["saves"]  # as train() reported them: {"traced": ["traced"], ...}
+    entry["checkpoint_share"] = {
+        name: describe(values)["median"] for name, values in measured["checkpoint_share"].items()
+    }
+    return entry
+
+
 def bench_beam(work: Path, sizes: Sizes) -> dict[str, Any]:
     """ExampleGen + Transform rows/s on generated penguins-shaped CSVs, 1 vs 2 DirectRunner
     workers (multi_processing), from MLMD component times. One run per point (each is long)."""
@@ -573,6 +602,10 @@ def run_suite(
     if "tracking" in only:
         results["tracking"] = _guarded(
             "tracking", lambda: bench_tracking(work, sizes, pipeline), log
+        )
+    if "checkpoints" in only:
+        results["checkpoints"] = _guarded(
+            "checkpoints", lambda: bench_checkpoints(work, sizes, pipeline), log
         )
     if "beam" in only:
         results["beam"] = _guarded("beam", lambda: bench_beam(work, sizes), log)
@@ -778,6 +811,16 @@ def markdown_table(document: dict[str, Any]) -> str:
                 f"{c['sender'] * 1e3:.0f} ms, system metrics {c['system'] * 1e3:.0f} ms in "
                 f"{c['wall_seconds']:.1f} s) | | |"
             )
+    k = r.get("checkpoints")
+    if k and "ratio" in k:
+        share = k["checkpoint_share"]
+        rows.append(
+            f"| checkpoints: periodic saves traced vs eager (`training.traced_checkpoint_saves`; "
+            f"real `train()`, tabular, {k['train_steps']} steps, a save every "
+            f"{k['checkpoint_every_steps']}; saves {share['traced']:.1%} vs {share['eager']:.1%} "
+            f"of the training time) | {_fmt_rate(k['traced'])} vs {_fmt_rate(k['eager'])} | "
+            f"{_fmt_ratio(k)} | |"
+        )
     b = r.get("beam")
     if b and "points" in b:
         for p in b["points"]:

@@ -20,6 +20,7 @@ so a comparison alternates windows of the contenders in one process (see ``measu
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable
@@ -422,3 +423,56 @@ def tracking_rates(
     contender("off")()  # warm-up: imports, first tracing
     samples = alternate({"off": contender("off"), "on": contender("on")}, repeats=repeats)
     return {"samples": samples, "train_reported_examples_per_second": reported, "cpu": cpu}
+
+
+def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int) -> dict[str, Any]:
+    """Examples/s of the real ``train()`` (a fresh work dir each time, no eval) with periodic
+    saves traced (``training.traced_checkpoint_saves``, the default) vs TF's eager save,
+    alternated; plus the share of each run's training time after its first loop spent in
+    periodic saves, and which save each run reported using (`info["checkpoint_saves"]`)."""
+    import shutil
+    import tempfile
+
+    from fullthrottle.bench.measure import alternate
+    from trainer_module.training import TrainingHook, train
+
+    share: dict[str, list[float]] = {"traced": [], "eager": []}
+    saves: dict[str, set[str]] = {"traced": set(), "eager": set()}  # what train() reported using
+
+    def contender(name: str) -> Callable[[], float]:
+        class Saves(TrainingHook):
+            def on_train_begin(self, info):
+                saves[name].add(info["checkpoint_saves"])
+
+        def run() -> float:
+            timer = _LoopTimer()
+            work_dir = tempfile.mkdtemp(prefix="fullthrottle-bench-ckpt-")
+            try:
+                result = train(
+                    config=dataclasses.replace(config, traced_checkpoint_saves=name == "traced"),
+                    model_inputs=data.model_inputs,
+                    feature_spec=data.feature_spec,
+                    train_files=data.train_files,
+                    eval_files=(),
+                    compression=data.compression,
+                    work_dir=work_dir,
+                    hooks=[timer.hook, Saves()],
+                )
+            finally:
+                shutil.rmtree(work_dir, ignore_errors=True)
+            timed = result.history[1:]  # the loops the timer's window covers
+            total = sum(r["wall_time"] + r["host_time"] for r in timed)
+            share[name].append(sum(r["checkpoint_time"] for r in timed) / total if total else 0.0)
+            return timer.examples_per_second(result.global_batch_size)
+
+        return run
+
+    contender("eager")()  # warm-up: imports, first tracing
+    samples = alternate(
+        {"traced": contender("traced"), "eager": contender("eager")}, repeats=repeats
+    )
+    return {
+        "samples": samples,
+        "checkpoint_share": share,
+        "saves": {name: sorted(kinds) for name, kinds in saves.items()},
+    }

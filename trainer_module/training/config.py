@@ -108,6 +108,10 @@ class TrainingConfig:
     checkpoint_every_steps: int = 100  # 0 = only at the end
     checkpoint_every_seconds: float | None = None
     checkpoints_to_keep: int = 3
+    # Periodic saves run TF's checkpoint write as one traced function instead of walking the
+    # object graph eagerly at each save (training/checkpoints.py; same files). Single-host only:
+    # multi-worker runs always save eagerly. False is TF's plain eager save.
+    traced_checkpoint_saves: bool = True
     # Input pipeline.
     shuffle_files: bool = True
     shuffle_buffer_size: int = 10_000  # 0 = no record shuffle

@@ -197,7 +197,7 @@ def train(
     saved = {"model": model, "optimizer": optimizer, "step": loop.step, "rng_state": rng_state}
     checkpoint = (
         tf.train.Checkpoint(**saved)
-        if info.num_workers > 1
+        if info.num_workers > 1 or not config.traced_checkpoint_saves
         else TracedWriteCheckpoint(
             structure_key=lambda: (len(model.variables), len(optimizer.variables)), **saved
         )
@@ -256,6 +256,8 @@ def train(
         "start_step": start_step,
         "initial_step": start_step,  # alias of start_step
         "input_cached": input_cached,
+        # "traced" (training.traced_checkpoint_saves, single host) or "eager" (TF's own save).
+        "checkpoint_saves": "traced" if isinstance(checkpoint, TracedWriteCheckpoint) else "eager",
         "train_steps": config.train_steps,
         "work_dir": work_dir,
     }

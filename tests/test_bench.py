@@ -17,7 +17,12 @@ import pytest
 from fullthrottle.bench import suite
 from fullthrottle.bench.data import write_synthetic_training_data
 from fullthrottle.bench.measure import alternate, describe, median_interval, ratio
-from fullthrottle.bench.trainer import reader_rates, tracking_rates, training_flops_per_example
+from fullthrottle.bench.trainer import (
+    OurLoop,
+    reader_rates,
+    tracking_rates,
+    training_flops_per_example,
+)
 from trainer_module.training import TrainingConfig
 
 TINY = dataclasses.replace(
@@ -237,6 +242,25 @@ def test_tracking_benchmark_runs_train_with_and_without_mlflow(text_data, tmp_pa
     (cpu,) = measured["cpu"]
     assert cpu["hook"] > 0 and 0 < cpu["fraction"] < 1
     assert any(0 < r.data.metrics.get("tracking_cpu_fraction", 0) < 1 for r in runs)
+
+
+def test_in_memory_contender_trains_ours_model_through_ours_compiled_loop(tmp_path):
+    data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
+    config = TrainingConfig(model="tabular", per_replica_batch_size=8, steps_per_loop=4)
+    ours = OurLoop(data, config)
+    ours.measure(8)
+    memory = OurLoop(data, config, source="memory", memory_batches=2, same_model_as=ours)
+    memory.fill_cache()
+    before = [v.numpy().copy() for v in ours.model.trainable_variables]
+    assert memory.measure(8) > 0
+    # One model: the in-memory windows trained ours' weights...
+    assert memory.model is ours.model
+    after = [v.numpy() for v in ours.model.trainable_variables]
+    assert any((a != b).any() for a, b in zip(before, after, strict=True))
+    # ...through the loop traced for ours: its batches have the same spec, so no second trace.
+    assert ours.loop.train_loop.experimental_get_tracing_count() == 1
+    with pytest.raises(ValueError, match="same config"):
+        OurLoop(data, dataclasses.replace(config, steps_per_loop=2), same_model_as=ours)
 
 
 def test_window_steps_fill_the_window_in_whole_steps():

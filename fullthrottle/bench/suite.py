@@ -206,7 +206,8 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
 
     started = time.perf_counter()
     ours = OurLoop(data, config)
-    memory = OurLoop(data, config, source="memory")
+    # The same model and compiled loop as ours, fed from memory (no second build or trace).
+    memory = OurLoop(data, config, source="memory", same_model_as=ours)
     baseline = KerasFitBaseline(data, config)
     warm = max(config.steps_per_loop, 2)
     if name == "transformer" and sizes.transformer_warmup_steps:

@@ -59,7 +59,10 @@ class OurLoop:
     """The training library's loop on ``data``; ``measure(steps)`` -> examples/s.
 
     ``dataset_transform`` (tests, e.g. an artificially slow map) is applied to each input
-    pipeline's dataset after ``make_dataset``.
+    pipeline's dataset after ``make_dataset``. ``same_model_as`` (another ``OurLoop`` on the same
+    data and config) reuses its strategy, model, optimizer and compiled loop, with an input
+    pipeline of its own: the in-memory contender then differs from ours only in where its
+    batches come from, and costs no second model build and trace.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class OurLoop:
         source: str = "tfrecord",
         memory_batches: int = 16,
         dataset_transform: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
+        same_model_as: OurLoop | None = None,
     ):
         import keras
 
@@ -90,19 +94,26 @@ class OurLoop:
             raise ValueError(f"source must be 'tfrecord' or 'memory', got {source!r}")
         self.config = config
         self.memory_batches = memory_batches if source == "memory" else 0
-        self.strategy = create_strategy(config)
-        keras.utils.set_random_seed(config.seed)
-        self.policy, _ = resolve_precision_policy(config)
-        self.batch = resolve_batch_sizes(config, self.strategy.num_replicas_in_sync)
-        with self.strategy.scope():
-            self.model = build_model(
-                data.model_inputs, config, self.policy, **training_model_options(config)
-            )
-            optimizer = create_optimizer(
-                config, scaled_learning_rate(config, self.batch.global_batch), self.policy
-            )
-            optimizer.build(self.model.trainable_variables)
-        self.loop = TrainLoop(self.strategy, self.model, optimizer, config, self.batch)
+        if same_model_as is not None:
+            if same_model_as.config != config:
+                raise ValueError("same_model_as must be a loop with the same config")
+            self.strategy, self.policy = same_model_as.strategy, same_model_as.policy
+            self.batch, self.model = same_model_as.batch, same_model_as.model
+            self.loop = same_model_as.loop
+        else:
+            self.strategy = create_strategy(config)
+            keras.utils.set_random_seed(config.seed)
+            self.policy, _ = resolve_precision_policy(config)
+            self.batch = resolve_batch_sizes(config, self.strategy.num_replicas_in_sync)
+            with self.strategy.scope():
+                self.model = build_model(
+                    data.model_inputs, config, self.policy, **training_model_options(config)
+                )
+                optimizer = create_optimizer(
+                    config, scaled_learning_rate(config, self.batch.global_batch), self.policy
+                )
+                optimizer.build(self.model.trainable_variables)
+            self.loop = TrainLoop(self.strategy, self.model, optimizer, config, self.batch)
 
         def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
             ds = make_dataset(

@@ -73,6 +73,10 @@ class Sizes:
     # their own) of a 292 s quick suite on the AVX2-only EPYC.
     fused_vs_unfused: bool = True
     reader_batches: int = 400
+    # Square 2048 matmuls chained per ceiling measurement (one per repetition and model): 10
+    # took 1.5 s in float32 on the AVX2-only EPYC (113 GFLOP/s), 0.2 s in bf16 on the
+    # AVX512_BF16 one. Quick mode chains 4 (0.6 s there): 8 measurements, ~7 s of its budget.
+    ceiling_iterations: int = 10
     # Tabular steps take ~0.3 ms: 20k steps are ~5-10 s of training per sample (200 steps were
     # ~0.1 s and gave ratios anywhere in 0.78-1.10; 20k still spread over 0.93-1.02). The
     # overhead is ~1% (standalone, 2026-11-30) while one contender's samples spread +-8% on this
@@ -99,7 +103,9 @@ FULL = Sizes()
 # scaling, which it skips: its one quick point (5k rows, 1 worker) measured worker and pipeline
 # start-up only (101 rows/s, 70 s of a 498 s quick suite on an AVX2-only EPYC, 2026-12-01); the
 # pipeline row gives ExampleGen's and Transform's seconds on the bundled data. The pipeline
-# trains 100 steps, tracking 2,000; Transformer windows are ~1.5 s of ours.
+# trains 100 steps, tracking 2,000 (2 pairs); Transformer windows are ~1.5 s of ours. The
+# suite took 290 s there on 2026-12-01 14:35 (5:01 for the command) with 3 tracking pairs and
+# 10-matmul ceilings; 2 pairs and 4 matmuls are ~14 s less.
 QUICK = Sizes(
     repeats=3,
     tabular_repeats=5,
@@ -111,8 +117,9 @@ QUICK = Sizes(
     tabular_baseline_window_steps=1000,
     reader_batches=200,
     tracking_train_steps=2_000,
-    tracking_repeats=3,
+    tracking_repeats=2,
     checkpoint_repeats=0,
+    ceiling_iterations=4,
     beam_rows=(),
     beam_workers=(1,),
     serving_requests=200,
@@ -250,7 +257,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     # The matmul ceiling in ours' compute dtype is a contender too: each repetition's MFU
     # divides by the ceiling measured seconds from its training window, under the same load
     # (measured once after the windows, it moved 849-919 GFLOP/s between runs).
-    ceiling_probe = MatmulCeiling(compute_dtype(ours.policy))
+    ceiling_probe = MatmulCeiling(compute_dtype(ours.policy), iterations=sizes.ceiling_iterations)
     contenders["matmul_ceiling"] = ceiling_probe.measure
     repeats = sizes.tabular_repeats if name == "tabular" else sizes.repeats
     warmed = time.perf_counter()
@@ -261,13 +268,14 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         compute_dtype(ours.policy): {
             "dtype": ceiling_probe.dtype.name,
             "size": ceiling_probe.size,
+            "iterations": ceiling_probe.iterations,
             "flops_per_second": describe(samples["matmul_ceiling"])["median"],
             "samples": samples["matmul_ceiling"],
             "alternated": True,
         }
     }
     if "float32" not in ceilings:
-        ceilings["float32"] = matmul_ceiling("float32")
+        ceilings["float32"] = matmul_ceiling("float32", iterations=sizes.ceiling_iterations)
     mfu_contender = "ours_untrimmed" if trims else "ours"
     ours_eps = describe(samples[mfu_contender])["median"]
     base_eps = describe(samples["tfx_example"])["median"]

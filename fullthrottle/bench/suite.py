@@ -105,7 +105,8 @@ FULL = Sizes()
 # pipeline row gives ExampleGen's and Transform's seconds on the bundled data. The pipeline
 # trains 100 steps, tracking 2,000 (2 pairs); Transformer windows are ~1.5 s of ours. The
 # suite took 290 s there on 2026-12-01 14:35 (5:01 for the command) with 3 tracking pairs and
-# 10-matmul ceilings; 2 pairs and 4 matmuls are ~14 s less.
+# 10-matmul ceilings; 2 pairs and 4 matmuls took it to 280 s (4:52), and the tabular `fit`
+# window of 500 steps (1,000 before; its ratio is ~5x, no target) saves ~1.4 s a repetition.
 QUICK = Sizes(
     repeats=3,
     tabular_repeats=5,
@@ -114,7 +115,7 @@ QUICK = Sizes(
     transformer_window_seconds=1.5,
     transformer_warmup_steps=3,
     tabular_window_steps=2000,
-    tabular_baseline_window_steps=1000,
+    tabular_baseline_window_steps=500,
     reader_batches=200,
     tracking_train_steps=2_000,
     tracking_repeats=2,

@@ -61,9 +61,17 @@ def test_a_traced_save_writes_what_an_eager_save_writes(tmp_path):
     _fill(model, step, 3.0)
     traced = TracedWriteCheckpoint(model=model, optimizer=optimizer, step=step)
     eager = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-    a = traced.write(str(tmp_path / "traced" / "ckpt"))
-    b = eager.write(str(tmp_path / "eager" / "ckpt"))
+    # Through CheckpointManager, as the Trainer saves (its save_counter included), twice: the
+    # second save runs the function the first one traced.
+    for checkpoint, folder in ((traced, "traced"), (eager, "eager")):
+        manager = tf.train.CheckpointManager(checkpoint, str(tmp_path / folder), max_to_keep=3)
+        manager.save(checkpoint_number=1)
+        _fill(model, step, 4.0)
+        manager.save(checkpoint_number=2)
+        _fill(model, step, 3.0)
+    a, b = str(tmp_path / "traced" / "ckpt-2"), str(tmp_path / "eager" / "ckpt-2")
     assert traced.traces == 1
+    assert "save_counter/.ATTRIBUTES/VARIABLE_VALUE" in dict(tf.train.list_variables(a))
     assert tf.train.list_variables(a) == tf.train.list_variables(b)
     reader_a, reader_b = tf.train.load_checkpoint(a), tf.train.load_checkpoint(b)
     for name, _ in tf.train.list_variables(b):

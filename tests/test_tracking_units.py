@@ -199,3 +199,12 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
     assert second.cpu.totals["system"] == 0  # system metrics are off in this link
     span = second.cpu.span()
     assert span is not None and span["hook"] > 0 and span["wall_seconds"] > 0
+    # The direct cost: the hook's wall time (training waits for it, CPU or I/O) plus the other
+    # threads' CPU; the hook's wall time covers at least its CPU time.
+    assert span["hook_wall"] >= span["hook"] > 0
+    assert span["direct_fraction"] == pytest.approx(
+        (span["hook_wall"] + span["sender"] + span["system"]) / span["wall_seconds"]
+    )
+    assert span["fraction"] == pytest.approx(
+        (span["hook"] + span["sender"] + span["system"]) / span["wall_seconds"]
+    )

@@ -465,7 +465,15 @@ def bench_tracking(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) ->
     if measured["cpu"]:
         entry["tracking_cpu"] = {
             key: describe([c[key] for c in measured["cpu"]])["median"]
-            for key in ("fraction", "hook", "sender", "system", "wall_seconds")
+            for key in (
+                "fraction",
+                "direct_fraction",
+                "hook",
+                "hook_wall",
+                "sender",
+                "system",
+                "wall_seconds",
+            )
         }
     return entry
 
@@ -819,7 +827,14 @@ def markdown_table(document: dict[str, Any]) -> str:
                 f"| tracking: its own CPU time while training (median of the 'on' runs) | "
                 f"{c['fraction']:.2%} of the wall time (hook {c['hook'] * 1e3:.0f} ms, sender "
                 f"{c['sender'] * 1e3:.0f} ms, system metrics {c['system'] * 1e3:.0f} ms in "
-                f"{c['wall_seconds']:.1f} s) | | |"
+                f"{c['wall_seconds']:.1f} s)"
+                + (
+                    f"; direct cost {c['direct_fraction']:.2%} (the hook's wall time on the "
+                    f"training thread, {c['hook_wall'] * 1e3:.0f} ms, plus the other threads' CPU)"
+                    if c.get("direct_fraction") is not None
+                    else ""
+                )
+                + " | | |"
             )
     k = r.get("checkpoints")
     if k and "ratio" in k:

@@ -82,9 +82,14 @@ class CpuMeter:
     ("system"). Each part is added to by one thread only (thread CPU time, `time.thread_time`),
     so no lock is needed. `span()` is what was spent between the first and the last loop's end,
     the window the benchmark's examples/s cover.
+
+    The hook's wall time is kept too ("hook_wall"): training waits for the hook whatever it does,
+    CPU or I/O, so the hook's wall time plus the other threads' CPU is tracking's direct cost
+    (`direct_fraction`); the CPU-only `fraction` misses a hook that blocks on I/O.
     """
 
-    PARTS = ("hook", "sender", "system")
+    PARTS = ("hook", "sender", "system", "hook_wall")
+    CPU_PARTS = ("hook", "sender", "system")
 
     def __init__(self) -> None:
         self.totals = dict.fromkeys(self.PARTS, 0.0)
@@ -96,12 +101,15 @@ class CpuMeter:
 
     @contextmanager
     def measuring(self, part: str) -> Iterator[None]:
-        """Adds the calling thread's CPU time inside the block to `part`."""
-        started = time.thread_time()
+        """Adds the calling thread's CPU time inside the block to `part` (and, for the hook,
+        the block's wall time to "hook_wall")."""
+        started, wall_started = time.thread_time(), time.perf_counter()
         try:
             yield
         finally:
             self.add(part, time.thread_time() - started)
+            if part == "hook":
+                self.add("hook_wall", time.perf_counter() - wall_started)
 
     def mark_loop_end(self) -> None:
         mark = (time.perf_counter(), dict(self.totals))
@@ -111,12 +119,18 @@ class CpuMeter:
 
     def span(self) -> dict[str, float] | None:
         """CPU seconds per part and their share of the wall time between the first and the last
-        loop's end; None before two loops ended."""
+        loop's end (`fraction`), the hook's wall seconds, and the direct cost's share
+        (`direct_fraction`: hook wall + sender and system CPU); None before two loops ended."""
         if self._first is None or self._last is None or self._last[0] <= self._first[0]:
             return None
         wall = self._last[0] - self._first[0]
         parts = {k: self._last[1][k] - self._first[1][k] for k in self.PARTS}
-        return {**parts, "wall_seconds": wall, "fraction": sum(parts.values()) / wall}
+        return {
+            **parts,
+            "wall_seconds": wall,
+            "fraction": sum(parts[k] for k in self.CPU_PARTS) / wall,
+            "direct_fraction": (parts["hook_wall"] + parts["sender"] + parts["system"]) / wall,
+        }
 
 
 class Journal:
@@ -417,6 +431,11 @@ class MlflowTrainingHook(TrainingHook):
             if span is not None:  # what tracking itself cost while training (see CpuMeter)
                 final.append(
                     Metric("tracking_cpu_fraction", float(span["fraction"]), timestamp, step)
+                )
+                final.append(
+                    Metric(
+                        "tracking_direct_fraction", float(span["direct_fraction"]), timestamp, step
+                    )
                 )
             self.sender.send(self.run_id, final)
         if self.sender is not None:

@@ -337,7 +337,6 @@ def test_tracking_and_checkpoint_benchmarks_alone_make_their_own_data(tmp_path):
     assert cpu["hook"] > 0 and cpu["wall_seconds"] > 0 and 0 < cpu["fraction"] < 1
     # ...and its direct cost: the hook's wall time plus the other threads' CPU (which can run
     # on the other core at the same time, so over a window this short it may pass 100%).
-    assert cpu["hook_wall"] >= cpu["hook"]
     assert cpu["direct_fraction"] >= cpu["hook_wall"] / cpu["wall_seconds"] > 0
     assert "tracking: its own CPU time while training" in suite.markdown_table(document)
 

@@ -103,7 +103,8 @@ class CpuMeter:
     def measuring(self, part: str) -> Iterator[None]:
         """Adds the calling thread's CPU time inside the block to `part` (and, for the hook,
         the block's wall time to "hook_wall")."""
-        started, wall_started = time.thread_time(), time.perf_counter()
+        wall_started = time.perf_counter()
+        started = time.thread_time()
         try:
             yield
         finally:

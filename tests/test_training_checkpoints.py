@@ -100,3 +100,14 @@ def test_a_changed_object_graph_is_traced_again_and_saved_whole(tmp_path):
     stale = blind.write(str(tmp_path / "d" / "ckpt"))
     assert blind.traces == 1
     assert not any(name.startswith("extra/values/0/") for name, _ in tf.train.list_variables(stale))
+
+
+def test_a_write_with_options_of_its_own_takes_tfs_path(tmp_path):
+    step = tf.Variable(5)
+    checkpoint = TracedWriteCheckpoint(step=step)
+    options = tf.train.CheckpointOptions(experimental_io_device="/job:localhost")
+    path = checkpoint.write(str(tmp_path / "ckpt"), options=options)
+    assert checkpoint.traces == 0  # TF's eager write, with the caller's options
+    assert tf.train.load_checkpoint(path).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 5
+    checkpoint.write(str(tmp_path / "again"))
+    assert checkpoint.traces == 1  # no options: the traced save

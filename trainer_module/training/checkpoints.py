@@ -17,7 +17,8 @@ difference.
 
 The traced function is only valid while the object graph is the one it was traced on; a
 `structure_key` (for us: the number of model and optimizer variables) is compared at every save,
-and a change retraces. Async checkpoints and an explicit I/O device go through TF's own path.
+and a change retraces. A write with any option but CheckpointManager's callbacks (async, an I/O
+device, sharding, skipped slots) goes through TF's own path.
 Multi-worker runs keep TF's eager path: their saves may run collectives, and TF's multi-worker
 checkpoint recipe is only tested eagerly here.
 """
@@ -30,6 +31,19 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import tensorflow as tf
+
+
+def _only_callbacks(options: tf.train.CheckpointOptions | None) -> bool:
+    """True when `options` sets nothing but write callbacks (what CheckpointManager passes): the
+    traced save is traced with default options, so any other option takes TF's own path."""
+    if options is None:
+        return True
+    default = tf.train.CheckpointOptions()
+    return all(
+        getattr(options, name) == getattr(default, name)
+        for name in type(default).__slots__
+        if name != "experimental_write_callbacks"
+    )
 
 
 class _Traced:
@@ -51,11 +65,7 @@ class TracedWriteCheckpoint(tf.train.Checkpoint):
         self.traces = 0  # how many times the save was traced (1 unless the graph changed)
 
     def _write(self, file_prefix, options=None):  # noqa: ANN001 - TF's signature
-        if (
-            not tf.executing_eagerly()
-            or (options is not None and options.experimental_enable_async_checkpoint)
-            or (options is not None and options.experimental_io_device is not None)
-        ):
+        if not tf.executing_eagerly() or not _only_callbacks(options):
             return super()._write(file_prefix, options)
         key = self._ft_structure_key()
         if self._ft_traced.fn is None or key != self._ft_traced.key:

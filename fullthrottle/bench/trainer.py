@@ -441,11 +441,9 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
     saves traced (``training.traced_checkpoint_saves``, the default) vs TF's eager save,
     alternated; plus the share of each run's training time after its first loop spent in
     periodic saves, and which save each run reported using (`info["checkpoint_saves"]`)."""
-    import shutil
-    import tempfile
-
     from fullthrottle.bench.measure import alternate
-    from trainer_module.training import TrainingHook, train
+    from fullthrottle.tracking.bench import train_tracked
+    from trainer_module.training import TrainingHook
 
     share: dict[str, list[float]] = {"traced": [], "eager": []}
     saves: dict[str, set[str]] = {"traced": set(), "eager": set()}  # what train() reported using
@@ -457,20 +455,18 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
 
         def run() -> float:
             timer = _LoopTimer()
-            work_dir = tempfile.mkdtemp(prefix="fullthrottle-bench-ckpt-")
-            try:
-                result = train(
-                    config=dataclasses.replace(config, traced_checkpoint_saves=name == "traced"),
-                    model_inputs=data.model_inputs,
-                    feature_spec=data.feature_spec,
-                    train_files=data.train_files,
-                    eval_files=(),
-                    compression=data.compression,
-                    work_dir=work_dir,
-                    hooks=[timer.hook, Saves()],
-                )
-            finally:
-                shutil.rmtree(work_dir, ignore_errors=True)
+            _, result = train_tracked(  # no tracking: a fresh work dir, removed after
+                {
+                    "config": dataclasses.replace(config, traced_checkpoint_saves=name == "traced"),
+                    "model_inputs": data.model_inputs,
+                    "feature_spec": data.feature_spec,
+                    "train_files": data.train_files,
+                    "eval_files": (),
+                    "compression": data.compression,
+                    "hooks": [timer.hook, Saves()],
+                },
+                tracking_uri=None,
+            )
             timed = result.history[1:]  # the loops the timer's window covers
             total = sum(r["wall_time"] + r["host_time"] for r in timed)
             share[name].append(sum(r["checkpoint_time"] for r in timed) / total if total else 0.0)

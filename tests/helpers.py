@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,24 @@ from pathlib import Path
 import tensorflow as tf
 
 REPO = Path(__file__).resolve().parent.parent
+
+_CKPT = re.compile(r"ckpt-(\d+)\b")
+
+
+def committed_checkpoint_step(pipeline_root: Path) -> int:
+    """The newest *committed* Trainer checkpoint: the step the `checkpoint` state file names.
+
+    `CheckpointManager` writes `ckpt-N.index`/`.data` first and the state file last, so a kill
+    between the two leaves a `ckpt-N.index` that is not (and must not be) resumed from; counting
+    index files would expect a resume from a checkpoint that was never committed."""
+    pattern = str(pipeline_root / "Trainer" / "training_state" / "*" / "checkpoints" / "checkpoint")
+    steps = []
+    for state_file in glob.glob(pattern):
+        with open(state_file, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model_checkpoint_path:") and (m := _CKPT.search(line)):
+                    steps.append(int(m.group(1)))
+    return max(steps, default=0)
 
 
 def run_cli(

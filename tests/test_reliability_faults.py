@@ -39,7 +39,13 @@ import tensorflow as tf
 
 from fullthrottle.progress import read_component_states
 from serving.push import version_dirs
-from tests.helpers import REPO, eval_split_examples, last_run, strip_label
+from tests.helpers import (
+    REPO,
+    committed_checkpoint_step,
+    eval_split_examples,
+    last_run,
+    strip_label,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -66,7 +72,6 @@ RUN_ARGS = (
 PUSHER_WINDOW_MARGIN = 1.1
 PHASE_TIMEOUT_SECONDS = 420
 _RESUMED = re.compile(r"\[trainer\] start step (\d+)/(\d+)")
-_CKPT = re.compile(r"ckpt-(\d+)\b")
 
 
 class PipelineProcess:
@@ -149,22 +154,6 @@ class PipelineProcess:
             if match:
                 states[match.group(1)] = match.group(2)
         return states
-
-
-def _newest_checkpoint(pipeline_root: Path) -> int:
-    """The newest *committed* checkpoint: the one the `checkpoint` state file names.
-
-    `CheckpointManager` writes `ckpt-N.index`/`.data` first and the state file last, so a kill
-    between the two leaves a `ckpt-N.index` that is not (and must not be) resumed from; counting
-    index files would expect a resume from a checkpoint that was never committed."""
-    pattern = str(pipeline_root / "Trainer" / "training_state" / "*" / "checkpoints" / "checkpoint")
-    steps = []
-    for state_file in glob.glob(pattern):
-        with open(state_file, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model_checkpoint_path:") and (m := _CKPT.search(line)):
-                    steps.append(int(m.group(1)))
-    return max(steps, default=0)
 
 
 def _mlmd_states(mlmd_path: Path) -> dict[str, str]:
@@ -277,14 +266,14 @@ def _kill_during_trainer(c: Campaign, rng: random.Random) -> None:
         # The first checkpoint at or after the target step: kill once it is on disk, a moment
         # later, so the kill falls between two checkpoints (the steps after it are lost).
         run.wait_for(
-            lambda target=target: _newest_checkpoint(c.pipeline_root) >= target,
+            lambda target=target: committed_checkpoint_step(c.pipeline_root) >= target,
             what=f"a checkpoint at step >= {target}",
         )
-        seen = _newest_checkpoint(c.pipeline_root)
+        seen = committed_checkpoint_step(c.pipeline_root)
         time.sleep(rng.uniform(0.0, 0.03))
         run.kill()
         run.mlmd_states = _mlmd_states(c.output_dir / "metadata" / "fullthrottle-penguins.sqlite")
-        on_disk = _newest_checkpoint(c.pipeline_root)
+        on_disk = committed_checkpoint_step(c.pipeline_root)
         start = [int(m.group(1)) for line in run.lines if (m := _RESUMED.search(line))]
         kill = {
             "index": index,

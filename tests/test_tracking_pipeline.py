@@ -9,7 +9,6 @@ cached afterwards (the runs differ in training config only). Runs:
 
 from __future__ import annotations
 
-import glob
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from fullthrottle.tracking.pipeline_run import RUN_KEY_TAG
-from tests.helpers import REPO, last_run, run_cli
+from tests.helpers import REPO, committed_checkpoint_step, last_run, run_cli
 from tests.tracking_server import MlflowServer
 
 pytestmark = pytest.mark.slow
@@ -59,29 +58,18 @@ def _start_cli(*args: str, uri: str, log: Path) -> subprocess.Popen:
     )
 
 
-def _checkpoint_steps(output_dir: Path) -> list[int]:
-    pattern = str(
-        output_dir
-        / "pipeline_root"
-        / "*"
-        / "Trainer"
-        / "training_state"
-        / "*"
-        / "checkpoints"
-        / "ckpt-*.index"
-    )
-    return sorted(int(Path(p).name[len("ckpt-") : -len(".index")]) for p in glob.glob(pattern))
+def _pipeline_root(output_dir: Path) -> Path:
+    return output_dir / "pipeline_root" / "fullthrottle-penguins"
 
 
 def _wait_for_checkpoint(
     process: subprocess.Popen, output_dir: Path, *, at_least: int, log: Path
-) -> int:
-    """Polls until a checkpoint of step >= `at_least` exists; returns the newest step."""
+) -> None:
+    """Polls until a checkpoint of step >= `at_least` is committed (named by the state file)."""
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        steps = _checkpoint_steps(output_dir)
-        if steps and steps[-1] >= at_least:
-            return steps[-1]
+        if committed_checkpoint_step(_pipeline_root(output_dir)) >= at_least:
+            return
         assert process.poll() is None, f"run ended before a checkpoint:\n{log.read_text()[-4000:]}"
         time.sleep(0.05)
     raise AssertionError("no checkpoint within 600 s")
@@ -113,10 +101,13 @@ def run_a(server, output_dir):
     log = output_dir / "run_a_killed.log"
     process = _start_cli(*args, uri=server.uri, log=log)
     try:
-        killed_after = _wait_for_checkpoint(process, output_dir, at_least=200, log=log)
+        _wait_for_checkpoint(process, output_dir, at_least=200, log=log)
     finally:
         process.kill()  # SIGKILL: no cleanup, no flush, the MLflow run stays RUNNING
         process.wait()
+    # Read once the process is dead: it may have committed another checkpoint before the kill
+    # landed (saves come every ~0.1 s here), and the rerun must resume from the newest one.
+    killed_after = committed_checkpoint_step(_pipeline_root(output_dir))
     assert killed_after < STEPS_A, "training finished before the kill; the test would prove nothing"
     result = run_cli(*args, env={"MLFLOW_TRACKING_URI": server.uri})
     assert result.returncode == 0, result.stderr[-5000:]

@@ -5,7 +5,7 @@ machine produces, on the bundled penguins data, real components on real Beam:
 
 1. kill during Transform (a random moment after ``[pipeline] Transform running``);
 2. kill during the Trainer at a random step, rerun, kill again at a later step, three times
-   (the step is read from the checkpoint files the Trainer writes, ``ckpt-<step>.index``);
+   (the step is the newest committed checkpoint: the one CheckpointManager's state file names);
 3. kill at a random moment of the Pusher's execution (from the creation of its output folder,
    which TFX makes when the execution starts), three times;
 4. kill right after a new version folder appears (after the publish, before TFX records it);

@@ -395,6 +395,19 @@ class _LoopTimer:
         return (last_step - first_step) * global_batch / (last - first)
 
 
+def _train_kwargs(data: TrainingData, config: TrainingConfig) -> dict[str, Any]:
+    """``train()``'s arguments for a timed run on `data` (no eval; the work dir and hooks are
+    the caller's)."""
+    return {
+        "config": config,
+        "model_inputs": data.model_inputs,
+        "feature_spec": data.feature_spec,
+        "train_files": data.train_files,
+        "eval_files": (),
+        "compression": data.compression,
+    }
+
+
 def tracking_rates(
     data: TrainingData, config: TrainingConfig, *, tracking_uri: str, repeats: int
 ) -> dict[str, Any]:
@@ -403,14 +416,7 @@ def tracking_rates(
     from fullthrottle.bench.measure import alternate
     from fullthrottle.tracking.bench import train_tracked
 
-    base = {
-        "config": config,
-        "model_inputs": data.model_inputs,
-        "feature_spec": data.feature_spec,
-        "train_files": data.train_files,
-        "eval_files": (),
-        "compression": data.compression,
-    }
+    base = _train_kwargs(data, config)
     reported: dict[str, list[float]] = {"off": [], "on": []}
     cpu: list[dict[str, float]] = []  # the "on" runs' tracking CPU time (hook.CpuMeter.span)
 
@@ -455,16 +461,9 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
 
         def run() -> float:
             timer = _LoopTimer()
+            traced = dataclasses.replace(config, traced_checkpoint_saves=name == "traced")
             _, result = train_tracked(  # no tracking: a fresh work dir, removed after
-                {
-                    "config": dataclasses.replace(config, traced_checkpoint_saves=name == "traced"),
-                    "model_inputs": data.model_inputs,
-                    "feature_spec": data.feature_spec,
-                    "train_files": data.train_files,
-                    "eval_files": (),
-                    "compression": data.compression,
-                    "hooks": [timer.hook, Saves()],
-                },
+                {**_train_kwargs(data, traced), "hooks": [timer.hook, Saves()]},
                 tracking_uri=None,
             )
             timed = result.history[1:]  # the loops the timer's window covers

@@ -88,6 +88,34 @@ def test_alternate_rotates_order_and_ratio_is_of_medians():
     assert verdict["measured"] == pytest.approx(0.49) and verdict["met"] is False
 
 
+def test_side_by_side_pair_runs_back_to_back_and_takes_turns_going_first():
+    calls = []
+    contenders = {n: (lambda n=n: calls.append(n) or 1.0) for n in ("ours", "mem", "fit", "ceil")}
+    samples = alternate(contenders, repeats=6, side_by_side=("ours", "mem"))
+    orders = [calls[i : i + 4] for i in range(0, len(calls), 4)]
+    assert orders == [
+        ["ours", "mem", "fit", "ceil"],
+        ["fit", "ceil", "ours", "mem"],
+        ["ceil", "ours", "mem", "fit"],
+        ["mem", "ours", "fit", "ceil"],
+        ["fit", "ceil", "mem", "ours"],
+        ["ceil", "mem", "ours", "fit"],
+    ]
+    assert all(len(v) == 6 for v in samples.values())
+
+    def predecessors(name):  # what ran right before each of `name`'s windows
+        return sorted(calls[i - 1] for i in range(1, len(calls)) if calls[i] == name)
+
+    # Whatever ran before a window can slow it: over 2 x 3 units each of the pair follows the
+    # other as often as the other follows it, and when first follows the same neighbours (the
+    # very first window has none; at its place in the rotation the pair later follows `fit`).
+    assert predecessors("ours").count("mem") == predecessors("mem").count("ours") == 3
+    assert [p for p in predecessors("ours") if p != "mem"] + ["fit"] == ["ceil", "ceil", "fit"]
+    assert [p for p in predecessors("mem") if p != "ours"] == ["ceil", "ceil", "fit"]
+    with pytest.raises(ValueError, match="side_by_side"):
+        alternate(contenders, repeats=1, side_by_side=("ours", "nope"))
+
+
 def test_median_interval_is_the_binomial_order_statistics():
     # 13 values: x(4)-x(10) covers the median with probability 1 - 2 P(Binomial(13, 1/2) <= 3).
     interval = median_interval([float(v) for v in range(13, 0, -1)])

@@ -30,15 +30,36 @@ def describe(values: Sequence[float]) -> dict[str, Any]:
 
 
 def alternate(
-    contenders: Mapping[str, Callable[[], float]], *, repeats: int
+    contenders: Mapping[str, Callable[[], float]],
+    *,
+    repeats: int,
+    side_by_side: tuple[str, str] | None = None,
 ) -> dict[str, list[float]]:
-    """Calls each contender (returns a rate) once per repetition, rotating the order."""
+    """Calls each contender (returns a rate) once per repetition, rotating the order.
+
+    ``side_by_side`` (two contender names): the pair whose ratio matters most runs as one unit,
+    its two windows back to back in every repetition (a paired ratio is only as good as its two
+    windows are close in time), the units rotated as above. The pair's own order flips every
+    full rotation, so over every 2 x units repetitions each of the two runs first, after the
+    same neighbours, equally often: a window can be slowed by what ran before it, and plain
+    rotation of 4 contenders put one of the pair right after the same neighbour (the tabular
+    suite's matmul ceiling) in 3 of 4 repetitions and the other in 1.
+    """
     names = list(contenders)
+    units: list[tuple[str, ...]] = [(name,) for name in names]
+    if side_by_side is not None:
+        first, second = side_by_side
+        if first == second or first not in contenders or second not in contenders:
+            raise ValueError(f"side_by_side must name two contenders, got {side_by_side!r}")
+        units = [u for u in units if u[0] not in side_by_side]
+        units.insert(min(names.index(first), names.index(second)), (first, second))
     samples: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(repeats):
-        order = names[rep % len(names) :] + names[: rep % len(names)]
-        for name in order:
-            samples[name].append(float(contenders[name]()))
+        shift = rep % len(units)
+        flip = (rep // len(units)) % 2 == 1
+        for unit in units[shift:] + units[:shift]:
+            for name in reversed(unit) if flip else unit:
+                samples[name].append(float(contenders[name]()))
     return samples
 
 

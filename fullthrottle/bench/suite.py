@@ -230,9 +230,11 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     baseline_window = window
     if name == "tabular":
         baseline_window = sizes.tabular_baseline_window_steps or window
-    # Ours and in-memory next to each other (in all but one rotation): a paired ratio is only as
-    # good as the two windows are close in time. With `fit` between them, the tabular paired
-    # ratios' middle half spanned ~0.085 (seven runs of 25 pairs); side by side 0.058 (60 pairs).
+    # Ours and in-memory back to back in every repetition, which of them first flipping every
+    # rotation (`alternate(side_by_side=...)`): a paired ratio is only as good as the two windows
+    # are close in time. With `fit` between them, the tabular paired ratios' middle half spanned
+    # ~0.085 (seven runs of 25 pairs); side by side 0.058 (60 pairs). Until 2026-12-01 20:40 plain
+    # rotation put ours right after the matmul ceiling in 3 of 4 repetitions, in-memory in 1.
     contenders = {
         "ours": lambda: ours.measure(window),
         "ours_in_memory": lambda: memory.measure(window),
@@ -262,7 +264,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     contenders["matmul_ceiling"] = ceiling_probe.measure
     repeats = sizes.tabular_repeats if name == "tabular" else sizes.repeats
     warmed = time.perf_counter()
-    samples = alternate(contenders, repeats=repeats)
+    samples = alternate(contenders, repeats=repeats, side_by_side=("ours", "ours_in_memory"))
     alternated = time.perf_counter()
     flops = training_flops_per_example(data, config)
     ceilings = {

@@ -200,6 +200,7 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
             entry[entry["numerator"]]["median"] / entry[entry["denominator"]]["median"]
         )
     assert result["window_steps"] == result["baseline_window_steps"] == 2  # the same window
+    assert result["input_efficiency"]["pairs"]["side_by_side_only"] == 0  # tabular only
     phases = result["phase_seconds"]
     assert set(phases) == {"build_and_warm_up", "alternated_windows", "reader"}
     assert all(seconds > 0 for seconds in phases.values()), phases
@@ -244,13 +245,25 @@ def test_tabular_trainer_benchmark_times_fit_in_its_own_window(tmp_path):
     # The tabular `fit` baseline gets its own (shorter) window; ratios stay per-second rates.
     data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
     config = dataclasses.replace(TINY_TRANSFORMER, model="tabular")
-    sizes = dataclasses.replace(TINY, tabular_baseline_window_steps=4)
+    sizes = dataclasses.replace(
+        TINY, tabular_baseline_window_steps=4, tabular_input_pairs=3, tabular_input_window_steps=6
+    )
     result = suite._trainer_model(data, config, sizes, 10, "tabular")
     assert result["window_steps"] == 10 and result["baseline_window_steps"] == 4
+    assert len(result["vs_tfx_example"]["paired"]) == TINY.tabular_repeats
+    # Input efficiency pools the repetitions' pairs with its own side-by-side pairs.
+    efficiency = result["input_efficiency"]
+    assert len(efficiency["paired"]) == TINY.tabular_repeats + 3
+    assert efficiency["ours"]["n"] == efficiency["ours_in_memory"]["n"] == TINY.tabular_repeats + 3
+    assert efficiency["pairs"] == {
+        "with_every_contender": TINY.tabular_repeats,
+        "side_by_side_only": 3,
+        "side_by_side_window_steps": 6,
+    }
     for key in ("vs_tfx_example", "input_efficiency"):
-        assert len(result[key]["paired"]) == TINY.tabular_repeats
         assert result[key]["ratio"] > 0
     assert "fused_vs_unfused" not in result and "trimmed_vs_untrimmed" not in result
+    assert result["phase_seconds"]["input_efficiency_pairs"] > 0
 
 
 def test_tracking_benchmark_runs_train_with_and_without_mlflow(text_data, tmp_path):

@@ -62,6 +62,15 @@ class Sizes:
     # 5,000 steps took ~4.3 s of each repetition; its ratio (~3.6x against a 2x line) needs no
     # more, and half of it pays for the extra repetitions above.
     tabular_baseline_window_steps: int | None = 2500
+    # Tabular input efficiency's own pairs, after the repetitions above: ours and in-memory
+    # alone, alternated, in windows of tabular_input_window_steps; the ratio is taken over these
+    # and the repetitions' pairs together. Its paired ratios spread about +-10% (sd) on the
+    # AVX2-only EPYC whatever the window's length (5,000 steps: 0.82-1.29 over 40 pairs; 2,000
+    # steps: 90% intervals +-2.4-4.8% over 60 pairs, 2026-12-01), so the interval narrows with
+    # the number of pairs, and short windows buy them cheapest: 120 pairs of 2,000 steps are
+    # ~250 s there. 40 pairs gave intervals ~0.06 wide, too wide to tell ~1.00 from 0.97.
+    tabular_input_pairs: int = 120
+    tabular_input_window_steps: int = 2000
     # Steps each Transformer contender runs before its windows (None = one loop of the config's
     # steps_per_loop, as for the tabular model, whose 50 steps take ~20 ms). The first step
     # traces the loop. Quick mode takes 3: at 0.47 s per float32 step (AMD EPYC without
@@ -120,6 +129,7 @@ QUICK = Sizes(
     tracking_train_steps=2_000,
     tracking_repeats=2,
     checkpoint_repeats=0,
+    tabular_input_pairs=0,
     ceiling_iterations=4,
     beam_rows=(),
     beam_workers=(1,),
@@ -233,7 +243,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     # Ours and in-memory back to back in every repetition, which of them first flipping every
     # rotation (`alternate(side_by_side=...)`): a paired ratio is only as good as the two windows
     # are close in time. With `fit` between them, the tabular paired ratios' middle half spanned
-    # ~0.085 (seven runs of 25 pairs); side by side 0.058 (60 pairs). Until 2026-12-01 20:40 plain
+    # ~0.085 (seven runs of 25 pairs); side by side 0.058 (60 pairs). Until 2026-12-01 20:25 plain
     # rotation put ours right after the matmul ceiling in 3 of 4 repetitions, in-memory in 1.
     contenders = {
         "ours": lambda: ours.measure(window),
@@ -266,6 +276,22 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     warmed = time.perf_counter()
     samples = alternate(contenders, repeats=repeats, side_by_side=("ours", "ours_in_memory"))
     alternated = time.perf_counter()
+    # Tabular input efficiency's own pairs (see Sizes.tabular_input_pairs), pooled with the
+    # repetitions' pairs: rates are per second, so windows of both lengths compare.
+    input_pairs = sizes.tabular_input_pairs if name == "tabular" else 0
+    input_samples = {key: list(samples[key]) for key in ("ours", "ours_in_memory")}
+    if input_pairs:
+        steps = sizes.tabular_input_window_steps
+        more = alternate(
+            {
+                "ours": lambda: ours.measure(steps),
+                "ours_in_memory": lambda: memory.measure(steps),
+            },
+            repeats=input_pairs,
+        )
+        for key, values in more.items():
+            input_samples[key] += values
+    input_paired = time.perf_counter()
     flops = training_flops_per_example(data, config)
     ceilings = {
         compute_dtype(ours.policy): {
@@ -309,7 +335,16 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         "window_steps": window,
         "baseline_window_steps": baseline_window,
         "vs_tfx_example": _ratio_entry(samples, "ours", "tfx_example"),
-        "input_efficiency": _ratio_entry(samples, "ours", "ours_in_memory"),
+        "input_efficiency": {
+            **_ratio_entry(input_samples, "ours", "ours_in_memory"),
+            "pairs": {
+                "with_every_contender": repeats,
+                "side_by_side_only": input_pairs,
+                "side_by_side_window_steps": sizes.tabular_input_window_steps
+                if input_pairs
+                else None,
+            },
+        },
         **({"fused_vs_unfused": _ratio_entry(samples, "ours", "ours_unfused")} if fusable else {}),
         **(
             {
@@ -338,6 +373,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         "phase_seconds": {
             "build_and_warm_up": warmed - started,
             "alternated_windows": alternated - warmed,
+            **({"input_efficiency_pairs": input_paired - alternated} if input_pairs else {}),
         },
     }
 
@@ -783,8 +819,9 @@ def markdown_table(document: dict[str, Any]) -> str:
                 f"{tl['mean']:.0f} of {tl['full']} tokens on average) | "
                 f"{_fmt_rate(tv['ours'])} vs {_fmt_rate(tv['ours_untrimmed'])} | {_fmt_ratio(tv)} | |"
             )
+        pairs = f", {len(e['paired'])} pairs" if e.get("pairs", {}).get("side_by_side_only") else ""
         rows.append(
-            f"| {model}: input efficiency (TFRecord / in-memory batches) | "
+            f"| {model}: input efficiency (TFRecord / in-memory batches{pairs}) | "
             f"{_fmt_rate(e['ours'])} vs {_fmt_rate(e['ours_in_memory'])} | {_fmt_ratio(e)} | "
             f"{verdict(f'{model}_input_efficiency')} |"
         )

@@ -68,7 +68,8 @@ class Sizes:
     # AVX2-only EPYC whatever the window's length (5,000 steps: 0.82-1.29 over 40 pairs; 2,000
     # steps: 90% intervals +-2.4-4.8% over 60 pairs, 2026-12-01), so the interval narrows with
     # the number of pairs, and short windows buy them cheapest: 120 pairs of 2,000 steps are
-    # ~250 s there. 40 pairs gave intervals ~0.06 wide, too wide to tell ~1.00 from 0.97.
+    # ~250 s there. 40 pairs gave intervals ~0.06 wide. The interval covers one run's windows
+    # only: two runs of 160 pairs gave [0.975-0.998] and [0.938-0.977] (docs/performance.md).
     tabular_input_pairs: int = 120
     tabular_input_window_steps: int = 2000
     # Steps each Transformer contender runs before its windows (None = one loop of the config's

@@ -265,6 +265,61 @@ def test_tabular_trainer_benchmark_times_fit_in_its_own_window(tmp_path):
     assert "fused_vs_unfused" not in result and "trimmed_vs_untrimmed" not in result
     assert result["phase_seconds"]["input_efficiency_pairs"] > 0
 
+    # More pairs from a fresh process of its own (Sizes.tabular_input_processes), pooled; each
+    # process keeps its own paired median for the verdict.
+    more = dataclasses.replace(sizes, tabular_input_processes=1)
+    suite.measure_input_runs(tmp_path / "work", data, config, more, result, "tabular")
+    pooled = result["input_efficiency"]
+    own_pairs = TINY.tabular_repeats + 3
+    assert len(pooled["paired"]) == pooled["ours"]["n"] == own_pairs + 3
+    assert pooled["paired"][:own_pairs] == efficiency["paired"]  # the model process's first
+    assert [run["pairs"] for run in pooled["runs"]] == [own_pairs, 3]
+    assert pooled["runs"][0]["paired_median"] == efficiency["paired_median"]
+    assert pooled["pairs"]["more_processes"] == 1
+    assert pooled["pairs"]["side_by_side_per_more_process"] == 3
+    assert result["phase_seconds"]["input_efficiency_processes"] > 0
+    log = (tmp_path / "work" / "trainer-tabular-input-1" / "stderr.log").read_text()
+    assert "Traceback" not in log
+
+
+def test_input_efficiency_is_decided_only_when_every_process_agrees():
+    def run(*paired):
+        return {"ours": list(paired), "ours_in_memory": [1.0] * len(paired)}
+
+    def verdict(runs):
+        entry = suite._ratio_entry(runs[0], "ours", "ours_in_memory")
+        entry["pairs"] = {"with_every_contender": len(runs[0]["ours"])}
+        pooled = suite.pool_input_runs(entry, runs[1:])
+        results = {"trainer": {"tabular": {"input_efficiency": pooled}}}
+        (target,) = [t for t in suite.targets(results) if t["name"] == "tabular_input_efficiency"]
+        return pooled, target
+
+    high = [0.99 + 0.001 * i for i in range(20)]  # each run's interval wholly above 0.97
+    low = [0.95 + 0.001 * i for i in range(20)]  # ... wholly below
+    pooled, target = verdict([run(*high), run(*high), run(*high)])
+    assert len(pooled["paired"]) == 60 and [r["pairs"] for r in pooled["runs"]] == [20] * 3
+    assert target["met"] and target["runs_agree"] and target["decided"]
+    # Two runs above and one below: the pooled interval (40 of 60 pairs above) is above the
+    # line, but the runs disagree, so no verdict.
+    pooled, target = verdict([run(*high), run(*low), run(*high)])
+    assert pooled["paired_interval"]["low"] >= 0.97 and target["met"]
+    assert target["runs_agree"] is False and target["decided"] is False
+    assert target["run_paired_medians"] == pytest.approx([1.0, 0.96, 1.0], abs=0.001)
+    assert suite.verdict_text(target) == (
+        ">= 0.97: met (undecided: its 3 processes' paired medians (1.000, 0.960, 1.000) fall on "
+        "both sides of the line: the runs differ by more than one run's noise)"
+    )
+    # One run (no more processes): decided on its interval alone, as before.
+    pooled, target = verdict([run(*low)])
+    assert "runs_agree" not in target and target["decided"] and not target["met"]
+    assert suite.verdict_text(target) == ">= 0.97: NOT met"
+    # An interval across the line and disagreeing runs: both reasons are named.
+    mixed = [0.965 + 0.001 * i for i in range(10)]
+    pooled, target = verdict([run(*mixed), run(*high), run(*low)])
+    assert not target["decided"] and target["runs_agree"] is False
+    text = suite.verdict_text(target)
+    assert "contains the line; its 3 processes' paired medians" in text, text
+
 
 def test_tracking_benchmark_runs_train_with_and_without_mlflow(text_data, tmp_path):
     from mlflow.tracking import MlflowClient

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.bench.measure import INTERVAL_CONFIDENCE, describe, ratio
+from fullthrottle.bench.measure import INTERVAL_CONFIDENCE, alternate, describe, ratio
 
 REPO = Path(__file__).resolve().parent.parent.parent
 BENCHMARKS = ("pipeline", "trainer", "tracking", "checkpoints", "beam", "serving")
@@ -70,8 +70,14 @@ class Sizes:
     # the number of pairs, and short windows buy them cheapest: 120 pairs of 2,000 steps are
     # ~250 s there. 40 pairs gave intervals ~0.06 wide. The interval covers one run's windows
     # only: two runs of 160 pairs gave [0.975-0.998] and [0.938-0.977] (docs/performance.md).
-    tabular_input_pairs: int = 120
+    # So the pairs are spread over processes, the run being a unit of its own: the tabular
+    # model's process takes tabular_input_pairs after its repetitions, and each of
+    # tabular_input_processes more fresh processes (a new model and input pipelines, ~15 s to
+    # build here) takes as many. The ratio is taken over all pairs; the verdict is decided only
+    # if every process's paired median falls on its side of the line too (`targets`).
+    tabular_input_pairs: int = 40
     tabular_input_window_steps: int = 2000
+    tabular_input_processes: int = 2
     # Steps each Transformer contender runs before its windows (None = one loop of the config's
     # steps_per_loop, as for the tabular model, whose 50 steps take ~20 ms). The first step
     # traces the loop. Quick mode takes 3: at 0.47 s per float32 step (AMD EPYC without
@@ -131,6 +137,7 @@ QUICK = Sizes(
     tracking_repeats=2,
     checkpoint_repeats=0,
     tabular_input_pairs=0,
+    tabular_input_processes=0,
     ceiling_iterations=4,
     beam_rows=(),
     beam_workers=(1,),
@@ -211,7 +218,6 @@ def window_steps(step_seconds: float, window_seconds: float, minimum: int = 2) -
 
 
 def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) -> dict[str, Any]:
-    from fullthrottle.bench.measure import alternate
     from fullthrottle.bench.trainer import (
         KerasFitBaseline,
         MatmulCeiling,
@@ -282,15 +288,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     input_pairs = sizes.tabular_input_pairs if name == "tabular" else 0
     input_samples = {key: list(samples[key]) for key in ("ours", "ours_in_memory")}
     if input_pairs:
-        steps = sizes.tabular_input_window_steps
-        more = alternate(
-            {
-                "ours": lambda: ours.measure(steps),
-                "ours_in_memory": lambda: memory.measure(steps),
-            },
-            repeats=input_pairs,
-        )
-        for key, values in more.items():
+        for key, values in _input_pairs(ours, memory, sizes).items():
             input_samples[key] += values
     input_paired = time.perf_counter()
     flops = training_flops_per_example(data, config)
@@ -379,6 +377,82 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     }
 
 
+def _input_pairs(ours: Any, memory: Any, sizes: Sizes) -> dict[str, list[float]]:
+    """``sizes.tabular_input_pairs`` pairs of ours and in-memory windows alone, alternated."""
+    steps = sizes.tabular_input_window_steps
+    return alternate(
+        {"ours": lambda: ours.measure(steps), "ours_in_memory": lambda: memory.measure(steps)},
+        repeats=sizes.tabular_input_pairs,
+    )
+
+
+def measure_input_pairs(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
+    """Input efficiency's pairs alone, on a model and input pipelines of this process's own
+    (one of ``Sizes.tabular_input_processes``): the same contenders and warm-up as
+    :func:`_trainer_model`'s, without the other contenders."""
+    from fullthrottle.bench.trainer import OurLoop
+
+    started = time.perf_counter()
+    ours = OurLoop(data, config)
+    memory = OurLoop(data, config, source="memory", same_model_as=ours)
+    warm = max(config.steps_per_loop, 2)
+    ours.measure(warm)
+    memory.fill_cache()
+    memory.measure(warm)
+    warmed = time.perf_counter()
+    samples = _input_pairs(ours, memory, sizes)
+    return {
+        **samples,
+        "phase_seconds": {
+            "build_and_warm_up": warmed - started,
+            "input_efficiency_pairs": time.perf_counter() - warmed,
+        },
+    }
+
+
+def measure_input_runs(
+    work: Path, data: Any, config: Any, sizes: Sizes, entry: dict[str, Any], name: str
+) -> None:
+    """Adds ``sizes.tabular_input_processes`` fresh processes' input-efficiency pairs to
+    ``entry`` (the model's result from :func:`measure_model_in_process`), in place."""
+    if not sizes.tabular_input_processes:
+        return
+    started = time.perf_counter()
+    runs = [
+        measure_input_pairs_in_process(work, data, config, sizes, name, index)
+        for index in range(1, sizes.tabular_input_processes + 1)
+    ]
+    entry["input_efficiency"] = pool_input_runs(entry["input_efficiency"], runs)
+    entry["phase_seconds"]["input_efficiency_processes"] = time.perf_counter() - started
+
+
+def pool_input_runs(entry: dict[str, Any], runs: list[dict[str, list[float]]]) -> dict[str, Any]:
+    """Input efficiency over the model process's pairs (``entry``, a `_ratio_entry` of ours vs
+    in-memory) and those of ``runs`` (other processes' samples): the ratio over all pairs, and
+    each process's own paired median and interval under ``runs``."""
+    own = {key: list(entry[key]["values"]) for key in ("ours", "ours_in_memory")}
+    per_run = [own] + [{key: list(run[key]) for key in own} for run in runs]
+    pooled = {key: [v for run in per_run for v in run[key]] for key in own}
+    pairs = {**entry.get("pairs", {}), "more_processes": len(runs)}
+    if runs:
+        pairs["side_by_side_per_more_process"] = len(runs[0]["ours"])
+    return {
+        **_ratio_entry(pooled, "ours", "ours_in_memory"),
+        "pairs": pairs,
+        "runs": [
+            {
+                "pairs": len(run["ours"]),
+                **{
+                    k: v
+                    for k, v in ratio(run, "ours", "ours_in_memory").items()
+                    if k in ("ratio", "paired_median", "paired_interval")
+                },
+            }
+            for run in per_run
+        ],
+    }
+
+
 def measure_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) -> dict[str, Any]:
     """One model's trainer benchmarks (``_trainer_model``) and its reader vs tfx_bsl."""
     from fullthrottle.bench.trainer import reader_rates
@@ -406,9 +480,25 @@ def measure_model_in_process(
     Transformer's contenders leave behind (threads, allocator state, traced functions) should
     not be charged to the next model. The request goes by pickle, the result comes back as JSON.
     """
-    job = work / f"trainer-{name}"
-    job.mkdir(parents=True, exist_ok=True)
     request = {"data": data, "config": config, "sizes": sizes, "window": window, "name": name}
+    return _in_process(work / f"trainer-{name}", request, f"the {name} trainer benchmark process")
+
+
+def measure_input_pairs_in_process(
+    work: Path, data: Any, config: Any, sizes: Sizes, name: str, index: int
+) -> dict[str, Any]:
+    """:func:`measure_input_pairs` in fresh Python process number ``index`` (1, 2, ...)."""
+    request = {"kind": "input_pairs", "data": data, "config": config, "sizes": sizes}
+    return _in_process(
+        work / f"trainer-{name}-input-{index}",
+        request,
+        f"the {name} input efficiency process {index}",
+    )
+
+
+def _in_process(job: Path, request: dict[str, Any], what: str) -> dict[str, Any]:
+    """Runs ``request`` with ``python -m fullthrottle.bench.model_process job``; its result."""
+    job.mkdir(parents=True, exist_ok=True)
     (job / "request.pickle").write_bytes(pickle.dumps(request))
     result_path = job / "result.json"
     result_path.unlink(missing_ok=True)
@@ -426,8 +516,7 @@ def measure_model_in_process(
     (job / "stderr.log").write_text(done.stderr, encoding="utf-8")
     if done.returncode != 0 or not result_path.exists():
         raise RuntimeError(
-            f"the {name} trainer benchmark process exited {done.returncode} "
-            f"(log: {job / 'stderr.log'}): {done.stderr[-2000:]}"
+            f"{what} exited {done.returncode} (log: {job / 'stderr.log'}): {done.stderr[-2000:]}"
         )
     return json.loads(result_path.read_text(encoding="utf-8"))
 
@@ -477,6 +566,7 @@ def bench_trainer(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> 
         ("tabular", tabular, TABULAR_TRAINING, sizes.tabular_window_steps),
     ):
         results[name] = measure_model_in_process(work, data, config, sizes, window, name)
+    measure_input_runs(work, tabular, TABULAR_TRAINING, sizes, results["tabular"], "tabular")
     results["data"] = {
         "tabular": {"train_files": list(tabular.train_files)},
         "transformer": {"train_files": list(text.train_files)},
@@ -750,6 +840,14 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             entry["decided"] = interval["coverage"] >= INTERVAL_CONFIDENCE and (
                 interval["low"] >= target if met else interval["high"] < target
             )
+            # Measured in several processes (Sizes.tabular_input_processes): the interval above
+            # covers the noise between windows, not between runs, so each process's own paired
+            # median must fall on the verdict's side of the line as well.
+            runs = ratios[name].get("runs") or []
+            if len(runs) > 1:
+                entry["run_paired_medians"] = [run["paired_median"] for run in runs]
+                entry["runs_agree"] = all((run["paired_median"] >= target) == met for run in runs)
+                entry["decided"] = entry["decided"] and entry["runs_agree"]
         out.append(entry)
     return out
 
@@ -770,27 +868,42 @@ def _fmt_rate(entry: dict[str, Any] | None) -> str:
     return f"{entry['median']:,.0f}" + (f" (±{spread / 2:.0%})" if spread is not None else "")
 
 
+def verdict_text(t: dict[str, Any] | None) -> str:
+    """A target's verdict for the table: met or not, and why it is undecided if it is."""
+    if not t or t["met"] is None:
+        return ""
+    text = f">= {t['target']:g}: {'met' if t['met'] else 'NOT met'}"
+    interval = t.get("paired_interval")
+    if interval is None or t["decided"]:
+        return text
+    runs = ""
+    if t.get("runs_agree") is False:
+        medians = ", ".join(f"{m:.3f}" for m in t["run_paired_medians"])
+        runs = (
+            f"its {len(t['run_paired_medians'])} processes' paired medians ({medians}) "
+            "fall on both sides of the line"
+        )
+    if interval["coverage"] < INTERVAL_CONFIDENCE:
+        why = f"too few pairs for a {INTERVAL_CONFIDENCE:.0%} interval of the paired median"
+    elif interval["low"] >= t["target"] if t["met"] else interval["high"] < t["target"]:
+        # The interval is on the verdict's side of the line: only the processes disagree.
+        return f"{text} (undecided: {runs}: the runs differ by more than one run's noise)"
+    else:
+        why = (
+            f"the paired median's {interval['coverage']:.0%} interval "
+            f"{interval['low']:.3f}-{interval['high']:.3f} contains the line"
+        )
+        why += f"; {runs}" if runs else ""
+    return f"{text} (undecided: {why}; more repetitions would decide)"
+
+
 def markdown_table(document: dict[str, Any]) -> str:
     """The results as Markdown: one row per comparison, ratios first (absolutes are noisy)."""
     r = document["results"]
     target_of = {t["name"]: t for t in document["targets"]}
 
     def verdict(name: str) -> str:
-        t = target_of.get(name)
-        if not t or t["met"] is None:
-            return ""
-        text = f">= {t['target']:g}: {'met' if t['met'] else 'NOT met'}"
-        interval = t.get("paired_interval")
-        if interval is None or t["decided"]:
-            return text
-        if interval["coverage"] < INTERVAL_CONFIDENCE:
-            why = f"too few pairs for a {INTERVAL_CONFIDENCE:.0%} interval of the paired median"
-        else:
-            why = (
-                f"the paired median's {interval['coverage']:.0%} interval "
-                f"{interval['low']:.3f}-{interval['high']:.3f} contains the line"
-            )
-        return f"{text} (undecided: {why}; more repetitions would decide)"
+        return verdict_text(target_of.get(name))
 
     rows = [
         "| benchmark | contenders (median examples/s, ±half spread) | ratio of medians (paired median) [paired min-max] | target (judged on the lower ratio) |",
@@ -821,6 +934,8 @@ def markdown_table(document: dict[str, Any]) -> str:
                 f"{_fmt_rate(tv['ours'])} vs {_fmt_rate(tv['ours_untrimmed'])} | {_fmt_ratio(tv)} | |"
             )
         pairs = f", {len(e['paired'])} pairs" if e.get("pairs", {}).get("side_by_side_only") else ""
+        if e.get("runs"):
+            pairs += f" in {len(e['runs'])} processes"
         rows.append(
             f"| {model}: input efficiency (TFRecord / in-memory batches{pairs}) | "
             f"{_fmt_rate(e['ours'])} vs {_fmt_rate(e['ours_in_memory'])} | {_fmt_ratio(e)} | "

@@ -282,6 +282,22 @@ def test_tabular_trainer_benchmark_times_fit_in_its_own_window(tmp_path):
     assert "Traceback" not in log
 
 
+def test_a_failed_input_efficiency_process_keeps_the_model_process_results(tmp_path):
+    data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
+    missing = dataclasses.replace(data, train_files=(str(tmp_path / "gone.gz"),))
+    config = dataclasses.replace(TINY_TRANSFORMER, model="tabular")
+    own = suite._ratio_entry(
+        {"ours": [1.0, 0.9, 1.1], "ours_in_memory": [1.0] * 3}, "ours", "ours_in_memory"
+    )
+    entry = {"input_efficiency": dict(own), "phase_seconds": {}}
+    sizes = dataclasses.replace(TINY, tabular_input_processes=1, tabular_input_pairs=2)
+    suite.measure_input_runs(tmp_path / "work", missing, config, sizes, entry, "tabular")
+    efficiency = entry["input_efficiency"]
+    assert "input efficiency process 1 exited 1" in efficiency["more_processes_error"]
+    assert {k: v for k, v in efficiency.items() if k != "more_processes_error"} == own
+    assert "runs" not in efficiency and entry["phase_seconds"] == {}
+
+
 def test_input_efficiency_is_decided_only_when_every_process_agrees():
     def run(*paired):
         return {"ours": list(paired), "ours_in_memory": [1.0] * len(paired)}

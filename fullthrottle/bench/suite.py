@@ -940,7 +940,7 @@ def markdown_table(document: dict[str, Any]) -> str:
                 f"{_fmt_rate(tv['ours'])} vs {_fmt_rate(tv['ours_untrimmed'])} | {_fmt_ratio(tv)} | |"
             )
         pairs = f", {len(e['paired'])} pairs" if e.get("pairs", {}).get("side_by_side_only") else ""
-        if e.get("runs"):
+        if len(e.get("runs") or []) > 1:
             pairs += f" in {len(e['runs'])} processes"
         rows.append(
             f"| {model}: input efficiency (TFRecord / in-memory batches{pairs}) | "

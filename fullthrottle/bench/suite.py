@@ -73,8 +73,9 @@ class Sizes:
     # So the pairs are spread over processes, the run being a unit of its own: the tabular
     # model's process takes tabular_input_pairs after its repetitions, and each of
     # tabular_input_processes more fresh processes (a new model and input pipelines: ~6 s more
-    # each here, 172 s for 2 x 40 pairs against 80 s for 40 in the model's process) takes as many. The ratio is taken over all pairs; the verdict is decided only
-    # if every process's paired median falls on its side of the line too (`targets`).
+    # each here, 172 s for 2 x 40 pairs against 80 s for 40 in the model's process) takes as
+    # many. The ratio is taken over all pairs; the verdict is decided only if every process's
+    # paired median falls on its side of the line too (`targets`).
     tabular_input_pairs: int = 40
     tabular_input_window_steps: int = 2000
     tabular_input_processes: int = 2

@@ -14,9 +14,10 @@ test:  ## the whole test suite
 bench:  ## the benchmark suite; `make bench QUICK=1` for the < 5 minute version
 	$(ENVRUN) fullthrottle bench $(if $(QUICK),--quick) $(ARGS)
 
-lint:
+lint:  ## ruff (lint + format) and the import contracts of docs/architecture.md
 	$(ENVRUN) ruff check .
 	$(ENVRUN) ruff format --check .
+	$(ENVRUN) lint-imports --no-cache
 
 env:  ## build (or check) the environment only
 	$(ENVRUN) python -c "import tfx, tensorflow; print('tfx', tfx.__version__, 'tensorflow', tensorflow.__version__)"

@@ -21,7 +21,7 @@ from typing import Any
 
 from tfx import v1 as tfx
 
-from fullthrottle.errors import DataError
+from fullthrottle.core.errors import DataError
 
 ANOMALIES_FILE = "SchemaDiff.pb"
 SCHEMA_FILE = "schema.pbtxt"
@@ -110,7 +110,7 @@ def _clip(text: str) -> str:
 
 def describe_inputs(spec: Any, input_base: str) -> str:
     """Names the user's input files for the report (ExampleGen reads a staged copy of CSVs)."""
-    from fullthrottle.data import bundled_path
+    from fullthrottle.core.bundled import bundled_path
 
     try:
         original = str(bundled_path(spec.path))

@@ -43,7 +43,7 @@ from components.tfjob_manifest import (
     job_state,
     tfjob_name,
 )
-from fullthrottle.errors import FullthrottleError
+from fullthrottle.core.errors import FullthrottleError
 
 TFJOB_KEY = "fullthrottle_tfjob"  # in the Trainer's custom_config
 # What every replica runs: TFX's executor script, with our worker executor.

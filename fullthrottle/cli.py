@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_third_party_logs(verbose="--verbose" in argv or "--debug" in argv)
     # Imported only now: the training library's error types import TensorFlow.
-    from fullthrottle.errors import USER_ERRORS
+    from fullthrottle.core.errors import USER_ERRORS
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -21,8 +21,8 @@ from typing import Any
 
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from fullthrottle.config import Config, StepResources
-from fullthrottle.errors import ConfigError
+from fullthrottle.core.config import Config, StepResources
+from fullthrottle.core.errors import ConfigError
 
 # The container command of every step (TFX's v2 executor launcher); the Dockerfile's ENTRYPOINT
 # is the same command, and tests/test_kubeflow_image.py keeps the two equal.

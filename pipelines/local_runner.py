@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tfx import v1 as tfx
 
-from fullthrottle.config import BeamConfig, Config
-from fullthrottle.scratch import scratch_tempdir
+from fullthrottle.core.config import BeamConfig, Config
+from fullthrottle.core.scratch import scratch_tempdir
 from pipelines.pipeline import create_pipeline
 
 

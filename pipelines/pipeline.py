@@ -22,17 +22,17 @@ from tfx import v1 as tfx
 
 from components.data_gate import DataGate, ImportSchema, describe_inputs, file_digest
 from components.safe_pusher import SafePusher
-from fullthrottle.config import Config
-from fullthrottle.schemas import schema_path_for
-from trainer_module.features import transformed_name
+from fullthrottle.core.bundled import schema_path_for
+from fullthrottle.core.config import Config
+from fullthrottle.core.features import transformed_name
 
 PREPROCESSING_FN = "trainer_module.transform.preprocessing_fn"
 RUN_FN = "trainer_module.run.run_fn"
 # The code each component runs by dotted name. Dotted-name user code is not fingerprinted by
 # TFX (a module_file would be), so without these an edited trainer would hit a stale cache; each
 # component hashes only its own code, so editing the model server does not retrain.
-TRANSFORM_CODE = ("trainer_module/transform.py", "trainer_module/features.py")
-TRAINER_CODE = ("trainer_module", "serving/signatures.py")
+TRANSFORM_CODE = ("trainer_module/transform.py", "fullthrottle/core/features.py")
+TRAINER_CODE = ("trainer_module", "serving/signatures.py", "fullthrottle/core/features.py")
 
 
 def code_fingerprint(paths: Sequence[str] = TRAINER_CODE) -> str:

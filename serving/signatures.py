@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from trainer_module.features import LABEL_VOCAB
+from fullthrottle.core.features import LABEL_VOCAB
 
 SERVING_DEFAULT = "serving_default"
 PREDICT_RAW = "predict_raw"
@@ -128,7 +128,7 @@ class ServingModule(tf.Module):
 
 
 def _transformed_label_name(label: str) -> str:
-    from trainer_module.features import transformed_name
+    from fullthrottle.core.features import transformed_name
 
     return transformed_name(label)
 

@@ -13,8 +13,8 @@ import time
 import pytest
 import tensorflow as tf
 
-from fullthrottle.bench.data import write_synthetic_training_data
 from fullthrottle.bench.trainer import OurLoop
+from fullthrottle.bench.workloads import write_synthetic_training_data
 from trainer_module.training import TrainingConfig
 from trainer_module.training.advisor import (
     HIGHLY_INPUT_BOUND,

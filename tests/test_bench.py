@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from fullthrottle.bench import suite
-from fullthrottle.bench.data import write_synthetic_training_data
 from fullthrottle.bench.measure import alternate, describe, median_interval, ratio
 from fullthrottle.bench.trainer import (
     OurLoop,
@@ -23,6 +22,7 @@ from fullthrottle.bench.trainer import (
     tracking_rates,
     training_flops_per_example,
 )
+from fullthrottle.bench.workloads import write_synthetic_training_data
 from trainer_module.training import TrainingConfig
 
 TINY = dataclasses.replace(

@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from fullthrottle.config import PRESETS, Config, load_config, parse_override
-from fullthrottle.errors import ConfigError
+from fullthrottle.core.config import PRESETS, Config, load_config, parse_override
+from fullthrottle.core.errors import ConfigError
 
 
 def test_default_config_is_the_bundled_penguins_run():

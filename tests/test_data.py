@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from fullthrottle.config import load_config
-from fullthrottle.data import STAGED_CSV, prepare_data
-from fullthrottle.errors import DataError
+from fullthrottle.core.config import load_config
+from fullthrottle.core.errors import DataError
+from fullthrottle.core.staging import STAGED_CSV, prepare_data
 
 
 def _config(tmp_path, data_path, *extra):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fullthrottle.cli import COMMANDS, build_parser, main
-from fullthrottle.errors import DataError
+from fullthrottle.core.errors import DataError
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

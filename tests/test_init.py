@@ -12,7 +12,7 @@ import tensorflow as tf
 import yaml
 
 from fullthrottle.cli import main
-from fullthrottle.config import load_config
+from fullthrottle.core.config import load_config
 from tests.helpers import last_run
 from tests.own_data import LABEL, TRAIN_STEPS, own_data_run, write_customers_csv
 

@@ -12,8 +12,8 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from fullthrottle import cli
-from fullthrottle.config import load_config
-from fullthrottle.errors import ConfigError
+from fullthrottle.core.config import load_config
+from fullthrottle.core.errors import ConfigError
 from pipelines.kubeflow_v2_runner import ENTRYPOINT, compile_pipeline, iter_tasks
 
 IMAGE = "registry.example.com/team/fullthrottle:1.2.3"
@@ -223,10 +223,10 @@ def test_curated_schema_is_read_from_the_image_copy_of_the_project():
     """Bundled data imports the curated schema: the compiled spec must name the image's path."""
     import json
 
-    from fullthrottle.config import load_config
+    from fullthrottle.core.config import load_config
     from pipelines.kubeflow_v2_runner import IMAGE_PROJECT_ROOT, compile_pipeline
 
     job = compile_pipeline(load_config())
     text = json.dumps(job)
-    assert f"{IMAGE_PROJECT_ROOT}/fullthrottle/schemas/penguins.pbtxt" in text
+    assert f"{IMAGE_PROJECT_ROOT}/fullthrottle/core/bundled_data/penguins.pbtxt" in text
     assert "/work/main/fullthrottle/schemas" not in text

@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from fullthrottle import cli
-from fullthrottle.config import load_config
+from fullthrottle.core.config import load_config
 from pipelines.kubeflow_v2_runner import compile_pipeline, write_compiled
 
 

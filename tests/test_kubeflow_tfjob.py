@@ -26,7 +26,7 @@ from components.tfjob_trainer import (
     tfjob_settings,
     worker_args,
 )
-from fullthrottle.config import load_config
+from fullthrottle.core.config import load_config
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parent.parent / "deploy/kubeflow/tfjob-v1-schema.json").read_text()

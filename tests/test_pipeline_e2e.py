@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fullthrottle.config import BeamConfig
+from fullthrottle.core.config import BeamConfig
 from pipelines.local_runner import beam_pipeline_args
 from tests.helpers import eval_split_examples, label_of, last_run, run_cli, served_dirs, strip_label
 
@@ -26,7 +26,7 @@ CORE_COMPONENTS = (
 
 def assert_all_components_completed(last: dict) -> None:
     """Every node of the pipeline ran (none cached, none skipped), the core ones included."""
-    from fullthrottle.config import Config, build_dataclass
+    from fullthrottle.core.config import Config, build_dataclass
     from pipelines.local_runner import build_local_pipeline
 
     config = build_dataclass(Config, last["config"])

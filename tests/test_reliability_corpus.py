@@ -2,7 +2,7 @@
 
 Each case is built from the bundled penguins CSV (so only the named defect differs) and run
 through the real CLI entry point (`fullthrottle.cli.main`, in this process so TensorFlow and TFX
-are imported once for all cases). "before" cases stop in `fullthrottle.data` before any component
+are imported once for all cases). "before" cases stop in `fullthrottle.core.staging` before any component
 runs; "gate" cases run the real CsvExampleGen -> StatisticsGen -> ExampleValidator on Beam against
 the curated schema and are stopped by the DataGate before Transform.
 
@@ -24,9 +24,8 @@ import pytest
 import tensorflow as tf
 
 from fullthrottle import cli
-from fullthrottle.data import bundled_path
+from fullthrottle.core.bundled import PENGUINS_SCHEMA, bundled_path
 from fullthrottle.outcome import read_latest_run
-from fullthrottle.schemas import PENGUINS_SCHEMA
 from tests.helpers import REPO, served_dirs
 
 DOC = REPO / "docs" / "reliability.md"
@@ -158,7 +157,7 @@ HEADER_LINE = "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,bod
 @dataclass(frozen=True)
 class Case:
     case_id: str
-    stage: str  # "before" (fullthrottle.data, no component runs) or "gate" (DataGate fails)
+    stage: str  # "before" (fullthrottle.core.staging, no component runs) or "gate" (DataGate fails)
     build: Callable[[Path], list[str]]  # writes the input under a folder, returns CLI args
     needles: tuple[str, ...]  # what the one-paragraph message must say
 

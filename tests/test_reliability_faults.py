@@ -323,7 +323,7 @@ def _versions(c: Campaign) -> list[str]:
 
 def _calibrate_push(c: Campaign, run: PipelineProcess, scratch: Path) -> None:
     """Times one push of the Trainer's model, with the pipeline's settings, while Evaluator runs."""
-    from fullthrottle.config import ServingConfig
+    from fullthrottle.core.config import ServingConfig
     from serving.push import push_model
 
     run.wait_for(

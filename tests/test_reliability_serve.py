@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from serving.bench import free_port, start_server, stop_server
+from fullthrottle.bench.serving import free_port, start_server, stop_server
 from tests.helpers import eval_split_examples, last_run, run_cli, served_dirs, strip_label
 
 pytestmark = pytest.mark.slow

@@ -13,11 +13,11 @@ from tensorflow_metadata.proto.v0 import anomalies_pb2, schema_pb2
 
 from components.data_gate import MAX_REPORTED, format_report, read_anomalies
 from fullthrottle import cli
-from fullthrottle.config import load_config
-from fullthrottle.data import bundled_path, prepare_data
-from fullthrottle.errors import DataError
-from fullthrottle.redact import REDACTED, RedactingFilter, redact, redact_text
-from fullthrottle.schemas import PENGUINS_SCHEMA
+from fullthrottle.core.bundled import PENGUINS_SCHEMA, bundled_path
+from fullthrottle.core.config import load_config
+from fullthrottle.core.errors import DataError
+from fullthrottle.core.redact import REDACTED, RedactingFilter, redact, redact_text
+from fullthrottle.core.staging import prepare_data
 from tests.helpers import last_run
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from serving.bench import run_serving_benchmark
+from fullthrottle.bench.serving import run_serving_benchmark
 from tests.helpers import eval_split_examples, last_run, strip_label
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import re
 
 import yaml
 
-from fullthrottle.config import load_config
+from fullthrottle.core.config import load_config
 from serving.deploy_kit import KIT_FILES, render_kit
 from tests.helpers import REPO, run_cli
 

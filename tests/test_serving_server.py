@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from serving.bench import free_port, start_server, stop_server
+from fullthrottle.bench.serving import free_port, start_server, stop_server
 from serving.push import push_model, version_dirs
 from serving.server import is_complete
 from tests.helpers import eval_split_examples, last_run, run_cli, strip_label
@@ -239,7 +239,7 @@ def test_predict_command_sends_csv_rows(served, tmp_path):
 def test_csv_cells_take_the_model_input_dtypes(served):
     """int64 inputs get int64 values (3750.0 too), 3750.5 is refused naming line and column."""
     from fullthrottle.commands.predict import DataError, csv_to_examples, raw_input_kinds
-    from fullthrottle.config import load_config
+    from fullthrottle.core.config import load_config
 
     status, metadata = _get(served["base"] + "/metadata")
     assert status == 200, metadata

@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from fullthrottle import datasets
+from fullthrottle.core import bundled
 from tests.helpers import REPO, eval_split_examples, label_of, last_run, run_cli, strip_label
 
 
 def test_bundled_text_dataset_is_what_the_generator_makes():
-    shipped = datasets.text_topics_path().read_text(encoding="utf-8")
-    assert shipped == datasets.generate_text_topics(), (
-        "regenerate with: python -m fullthrottle.datasets"
+    shipped = bundled.text_topics_path().read_text(encoding="utf-8")
+    assert shipped == bundled.generate_text_topics(), (
+        "regenerate with: python -m fullthrottle.core.bundled"
     )
     assert any("\u4e00" <= ch <= "\u9fff" for ch in shipped), "the dataset must exercise CJK text"
 

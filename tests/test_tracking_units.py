@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from fullthrottle.config import load_config
-from fullthrottle.redact import REDACTED, redact_text
+from fullthrottle.core.config import load_config
+from fullthrottle.core.redact import REDACTED, redact_text
 from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.hook import CpuMeter, Journal
 from fullthrottle.tracking.pipeline_run import config_params, run_key
@@ -137,7 +137,7 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
     import dataclasses
     from types import SimpleNamespace
 
-    from fullthrottle.tracking.bench import link_for_new_run
+    from fullthrottle.bench.tracked import link_for_new_run
     from fullthrottle.tracking.hook import MlflowTrainingHook
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -18,10 +18,10 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_transform as tft
 
+from fullthrottle.core.features import LABEL_VOCAB, NUM_OOV_BUCKETS, transformed_name, vocab_name
 from fullthrottle.progress import TrainerProgress
 from fullthrottle.tracking import trainer_hooks  # issue 5
 from serving.signatures import export_serving_model
-from trainer_module.features import LABEL_VOCAB, NUM_OOV_BUCKETS, transformed_name, vocab_name
 from trainer_module.training import ModelInputs, TrainingConfig, train
 
 SUMMARY_FILE = "training_summary.json"
@@ -60,8 +60,8 @@ def _expand(patterns: list[str]) -> list[str]:
 
 def run_fn(fn_args: Any) -> None:
     """Called by TFX's Trainer (GenericExecutor)."""
-    from fullthrottle.config import build_dataclass
-    from trainer_module.features import data_spec_from_custom_config
+    from fullthrottle.core.config import build_dataclass
+    from fullthrottle.core.features import data_spec_from_custom_config
 
     custom = fn_args.custom_config or {}
     spec = data_spec_from_custom_config(custom)

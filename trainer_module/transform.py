@@ -21,7 +21,7 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from trainer_module.features import (
+from fullthrottle.core.features import (
     LABEL_VOCAB,
     NUM_OOV_BUCKETS,
     data_spec_from_custom_config,

@@ -532,8 +532,8 @@ def _tabular_mlmd(work: Path, pipeline: dict[str, Any] | None) -> Path:
     """MLMD of the transformed penguins data: the pipeline benchmark's run, or (when that
     benchmark was not selected or failed) a run of the pipeline's prefix up to Transform in
     ``work/tabular``, made once and shared by the trainer and tracking benchmarks."""
-    from fullthrottle.bench.data import run_transform_prefix, transform_prefix_config
-    from fullthrottle.config import BeamConfig, DataSpec
+    from fullthrottle.bench.workloads import run_transform_prefix, transform_prefix_config
+    from fullthrottle.core.config import BeamConfig, DataSpec
 
     if pipeline and pipeline.get("output_dir"):
         return Path(pipeline["output_dir"]) / "metadata" / "fullthrottle-penguins.sqlite"
@@ -547,7 +547,7 @@ def _tabular_mlmd(work: Path, pipeline: dict[str, Any] | None) -> Path:
 
 def bench_trainer(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> dict[str, Any]:
     """Both models: ours vs the TFX example, input efficiency, MFU, reader vs tfx_bsl."""
-    from fullthrottle.bench.data import (
+    from fullthrottle.bench.workloads import (
         TABULAR_TRAINING,
         TRANSFORMER_DATA,
         TRANSFORMER_TRAINING,
@@ -555,7 +555,7 @@ def bench_trainer(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> 
         training_data_from_run,
         transform_prefix_config,
     )
-    from fullthrottle.config import BeamConfig, DataSpec
+    from fullthrottle.core.config import BeamConfig, DataSpec
 
     results: dict[str, Any] = {}
     tabular = training_data_from_run(str(_tabular_mlmd(work, pipeline)), DataSpec(), name="tabular")
@@ -584,9 +584,9 @@ def bench_trainer(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> 
 def bench_tracking(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> dict[str, Any]:
     """MLflow on vs off around the real ``train()`` on the tabular data (the fastest steps, so
     the largest relative cost of per-loop hook work), SQLite store like ``fullthrottle run``."""
-    from fullthrottle.bench.data import TABULAR_TRAINING, training_data_from_run
     from fullthrottle.bench.trainer import tracking_rates
-    from fullthrottle.config import DataSpec
+    from fullthrottle.bench.workloads import TABULAR_TRAINING, training_data_from_run
+    from fullthrottle.core.config import DataSpec
 
     data = training_data_from_run(str(_tabular_mlmd(work, pipeline)), DataSpec(), name="tabular")
     config = dataclasses.replace(TABULAR_TRAINING, train_steps=sizes.tracking_train_steps)
@@ -619,9 +619,9 @@ def bench_checkpoints(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None)
     ``train()`` on the tabular data, whose short steps make the saves' cost visible."""
     if not sizes.checkpoint_repeats:
         return {"skipped": "checkpoint_repeats is 0 (quick mode runs no checkpoint lever)"}
-    from fullthrottle.bench.data import TABULAR_TRAINING, training_data_from_run
     from fullthrottle.bench.trainer import checkpoint_rates
-    from fullthrottle.config import DataSpec
+    from fullthrottle.bench.workloads import TABULAR_TRAINING, training_data_from_run
+    from fullthrottle.core.config import DataSpec
 
     data = training_data_from_run(str(_tabular_mlmd(work, pipeline)), DataSpec(), name="tabular")
     config = dataclasses.replace(TABULAR_TRAINING, train_steps=sizes.checkpoint_train_steps)
@@ -639,13 +639,13 @@ def bench_checkpoints(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None)
 def bench_beam(work: Path, sizes: Sizes) -> dict[str, Any]:
     """ExampleGen + Transform rows/s on generated penguins-shaped CSVs, 1 vs 2 DirectRunner
     workers (multi_processing), from MLMD component times. One run per point (each is long)."""
-    from fullthrottle.bench.data import (
+    from fullthrottle.bench.workloads import (
         example_gen_name,
         run_transform_prefix,
         transform_prefix_config,
         write_tabular_csv,
     )
-    from fullthrottle.config import BeamConfig, DataSpec
+    from fullthrottle.core.config import BeamConfig, DataSpec
 
     if not sizes.beam_rows:
         return {
@@ -687,12 +687,12 @@ def bench_beam(work: Path, sizes: Sizes) -> dict[str, Any]:
 
 
 def bench_serving(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> dict[str, Any]:
-    """`serving/bench.py: run_serving_benchmark` on the model the pipeline benchmark pushed."""
+    """`fullthrottle/bench/serving.py: run_serving_benchmark` on the model the pipeline benchmark pushed."""
     try:
-        from serving.bench import run_serving_benchmark
+        from fullthrottle.bench.serving import run_serving_benchmark
     except ImportError as exc:
         return {"skipped": f"serving benchmark not available: {exc}"}
-    from fullthrottle.bench.data import raw_eval_examples
+    from fullthrottle.bench.workloads import raw_eval_examples
 
     if not (pipeline and pipeline.get("blessed")):
         return {"skipped": "no pushed model (the pipeline benchmark did not push)"}

@@ -28,7 +28,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from fullthrottle.bench.data import TrainingData
+from fullthrottle.bench.workloads import TrainingData
 from trainer_module.training import TrainingConfig
 
 
@@ -412,9 +412,9 @@ def tracking_rates(
     data: TrainingData, config: TrainingConfig, *, tracking_uri: str, repeats: int
 ) -> dict[str, Any]:
     """Examples/s of the real ``train()`` with the MLflow training hook on vs off, alternated
-    (``fullthrottle.tracking.bench.train_tracked``: a fresh work dir and parent run each time)."""
+    (``fullthrottle.bench.tracked.train_tracked``: a fresh work dir and parent run each time)."""
     from fullthrottle.bench.measure import alternate
-    from fullthrottle.tracking.bench import train_tracked
+    from fullthrottle.bench.tracked import train_tracked
 
     base = _train_kwargs(data, config)
     reported: dict[str, list[float]] = {"off": [], "on": []}
@@ -448,7 +448,7 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
     alternated; plus the share of each run's training time after its first loop spent in
     periodic saves, and which save each run reported using (`info["checkpoint_saves"]`)."""
     from fullthrottle.bench.measure import alternate
-    from fullthrottle.tracking.bench import train_tracked
+    from fullthrottle.bench.tracked import train_tracked
     from trainer_module.training import TrainingHook
 
     share: dict[str, list[float]] = {"traced": [], "eager": []}

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.errors import ConfigError
+from fullthrottle.core.errors import ConfigError
 
 
 def register(sub: Any) -> argparse.ArgumentParser:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.run import add_config_arguments, config_from_args
-from fullthrottle.errors import ConfigError
+from fullthrottle.core.errors import ConfigError
 
 
 def register(sub: Any) -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """`fullthrottle init`: a commented, editable config for the user's own data, inferred from a sample.
 
-Owns: turning an `Inference` (fullthrottle/inference.py) into YAML whose comments explain each
+Owns: turning an `Inference` (fullthrottle/core/columns.py) into YAML whose comments explain each
 field and each decision, and writing it only after `load_config` accepts it. Refuses to overwrite
 an existing file unless `--force` is given (nothing good is overwritten).
 """
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.errors import ConfigError
+from fullthrottle.core.errors import ConfigError
 
 DEFAULT_OUTPUT = "fullthrottle.yaml"
 DEFAULT_TRAIN_STEPS = 1000
@@ -105,7 +105,7 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         f"# fullthrottle config for {inference.path}",
         f"# written by `fullthrottle init` on {now} from {inference.rows_sampled} sampled rows of",
         f"# {inference.source_file}. Edit freely: fields not listed keep their defaults",
-        "# (fullthrottle/config.py). Train with:",
+        "# (fullthrottle/core/config.py). Train with:",
         f"#   fullthrottle run --config {config_path.name}",
         "# Override single fields on the command line (--set training.train_steps=2000) or pick a",
         "# hardware preset (--preset cpu | gpu | multi_gpu | multi_worker).",
@@ -190,8 +190,8 @@ def render_config(inference: Any, *, config_path: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fullthrottle.config import load_config
-    from fullthrottle.inference import DEFAULT_SAMPLE_ROWS, infer_columns
+    from fullthrottle.core.columns import DEFAULT_SAMPLE_ROWS, infer_columns
+    from fullthrottle.core.config import load_config
 
     output = Path(args.output)
     if output.exists() and not args.force:

@@ -29,8 +29,8 @@ from typing import Any
 
 from fullthrottle.commands.run import add_config_arguments, config_from_args
 from fullthrottle.commands.serve import ServingError
-from fullthrottle.config import Config, _check_name
-from fullthrottle.errors import DataError
+from fullthrottle.core.config import Config, check_name
+from fullthrottle.core.errors import DataError
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -352,7 +352,7 @@ def _rows(response: dict[str, Any]) -> list[dict[str, Any]]:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     model_name = args.model_name or config.model_name
-    _check_name(model_name, "--model-name")
+    check_name(model_name, "--model-name")
     version_path = f"/versions/{args.version}" if args.version is not None else ""
     base = (args.url or f"http://{config.serving.host}:{config.serving.rest_port}").rstrip("/")
     kinds = None

@@ -10,8 +10,8 @@ import os
 import sys
 from typing import Any
 
-from fullthrottle.config import PRESETS, Config, load_config
-from fullthrottle.errors import USER_ERRORS, PipelineFailedError
+from fullthrottle.core.config import PRESETS, Config, load_config
+from fullthrottle.core.errors import USER_ERRORS, PipelineFailedError
 
 LAST_RUN = "last_run.json"
 EXIT_NOT_BLESSED = 3
@@ -71,7 +71,7 @@ def _now() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fullthrottle.data import prepare_data
+    from fullthrottle.core.staging import prepare_data
 
     config = config_from_args(args)
     prepared = prepare_data(config)  # bad data stops here, before any component runs
@@ -88,8 +88,11 @@ def run(args: argparse.Namespace) -> int:
         tracking_environment,
         tracking_message,
     )
+    from pipelines.pipeline import code_fingerprint
 
-    tracker = start_tracking(config, source_files=prepared.source_files)
+    tracker = start_tracking(
+        config, source_files=prepared.source_files, code_fingerprint=code_fingerprint()
+    )
     # --- end tracking ----------------------------------------------------------------------
     error: BaseException | None = None
     try:
@@ -132,8 +135,8 @@ def _first_line(error: BaseException) -> str:
 def write_last_run(
     config: Config, *, started_at: str, error: BaseException | None
 ) -> dict[str, Any]:
+    from fullthrottle.core.redact import redact, redact_text  # issue 8
     from fullthrottle.outcome import read_latest_run
-    from fullthrottle.redact import redact, redact_text  # issue 8
 
     outcome = read_latest_run(str(config.mlmd_path))
     components = {}

@@ -3,7 +3,7 @@
 The inferred schema describes the data it was computed from (types, presence, the values seen in
 string columns), so validating that same data against it finds nothing. Curate it before relying
 on it as a gate: widen or narrow domains, add value ranges (`float_domain { min max }`), relax
-presence. Then point `data.schema_path` at it. `fullthrottle/schemas/penguins.pbtxt` is the
+presence. Then point `data.schema_path` at it. `fullthrottle/core/bundled_data/penguins.pbtxt` is the
 curated example for the bundled data.
 """
 
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.run import add_config_arguments, config_from_args
-from fullthrottle.errors import DataError
-from fullthrottle.scratch import scratch_tempdir
+from fullthrottle.core.errors import DataError
+from fullthrottle.core.scratch import scratch_tempdir
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -55,7 +55,7 @@ def infer_schema_text(config: Any, *, work_dir: str) -> str:
     import tensorflow_data_validation as tfdv
     from google.protobuf import text_format
 
-    from fullthrottle.data import STAGED_CSV, prepare_data
+    from fullthrottle.core.staging import STAGED_CSV, prepare_data
 
     staged = dataclasses.replace(config, output_dir=work_dir)
     prepared = prepare_data(staged)

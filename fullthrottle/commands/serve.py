@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.run import add_config_arguments, config_from_args
-from fullthrottle.config import Config, _check_name
-from fullthrottle.errors import ConfigError, FullthrottleError
+from fullthrottle.core.config import Config, check_name
+from fullthrottle.core.errors import ConfigError, FullthrottleError
 
 
 class ServingError(FullthrottleError):
@@ -67,7 +67,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
 def serving_target(args: argparse.Namespace, config: Config) -> tuple[Path, str, str, int]:
     model_dir = Path(args.model_dir).absolute() if args.model_dir else config.serving_dir
     model_name = args.model_name or config.model_name
-    _check_name(model_name, "--model-name")  # it becomes a URL path segment: no '/', no '..'
+    check_name(model_name, "--model-name")  # it becomes a URL path segment: no '/', no '..'
     host = args.host or config.serving.host
     port = config.serving.rest_port if args.port is None else args.port
     if not 0 < port <= 65535:

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.errors import ConfigError, FullthrottleError
+from fullthrottle.core.errors import ConfigError, FullthrottleError
 
 HEALTHZ = "/apis/v2beta1/healthz"
 ENDPOINT_ENV = "KF_PIPELINES_ENDPOINT"  # the variable kfp.Client reads too

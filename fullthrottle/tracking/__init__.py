@@ -16,17 +16,19 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from fullthrottle.config import Config
+    from fullthrottle.core.config import Config
     from fullthrottle.tracking.pipeline_run import PipelineTracker
 
 
-def start_tracking(config: Config, *, source_files: tuple[str, ...]) -> PipelineTracker | None:
+def start_tracking(
+    config: Config, *, source_files: tuple[str, ...], code_fingerprint: str
+) -> PipelineTracker | None:
     """Starts (or re-attaches) the pipeline's MLflow run; None when `tracking.enabled` is false."""
     if not config.tracking.enabled:
         return None
     from fullthrottle.tracking.pipeline_run import start_tracking as start
 
-    return start(config, source_files=source_files)
+    return start(config, source_files=source_files, code_fingerprint=code_fingerprint)
 
 
 @contextlib.contextmanager

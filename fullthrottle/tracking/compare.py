@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.errors import FullthrottleError
+from fullthrottle.core.errors import FullthrottleError
 from fullthrottle.tracking.hook import COMPONENT_TAG
 from fullthrottle.tracking.pipeline_run import RUN_KEY_TAG
 

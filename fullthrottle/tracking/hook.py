@@ -40,7 +40,7 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 
-from fullthrottle.redact import redact_value
+from fullthrottle.core.redact import redact_value
 from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.store import TrainerLink
 from trainer_module.training import TrainingHook

@@ -31,8 +31,8 @@ from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
 
-from fullthrottle.config import Config
-from fullthrottle.redact import redact, redact_text, redact_value
+from fullthrottle.core.config import Config
+from fullthrottle.core.redact import redact, redact_text, redact_value
 from fullthrottle.tracking.channel import Channel
 from fullthrottle.tracking.hook import COMPONENT_TAG
 from fullthrottle.tracking.store import (
@@ -181,11 +181,9 @@ class PipelineTracker:
         return self.config.output_path / "mlflow" / TRAINER_STATUS_FILE
 
     # --- start --------------------------------------------------------------------------------
-    def start(self, *, source_files: tuple[str, ...]) -> None:
-        from pipelines.pipeline import code_fingerprint
-
+    def start(self, *, source_files: tuple[str, ...], code_fingerprint: str) -> None:
         client = self.channel.client
-        fingerprint = code_fingerprint()
+        fingerprint = code_fingerprint
         key = run_key(self.config, source_files=source_files, code_fingerprint=fingerprint)
         name = self.config.tracking.experiment or self.config.pipeline_name
         reached, experiment = self.channel.attempt(
@@ -622,13 +620,17 @@ def _anomalies_as_text(anomalies_dir: str, target: Path) -> None:
             )
 
 
-def start_tracking(config: Config, *, source_files: tuple[str, ...]) -> PipelineTracker | None:
-    """The pipeline's tracker, started; None when `tracking.enabled` is false."""
+def start_tracking(
+    config: Config, *, source_files: tuple[str, ...], code_fingerprint: str
+) -> PipelineTracker | None:
+    """The pipeline's tracker, started; None when `tracking.enabled` is false.
+
+    `code_fingerprint` identifies the code the pipeline runs (part of the run key)."""
     if not config.tracking.enabled:
         return None
     destination = resolve_destination(config)
     bound_http_requests(config)
     prepare_store(destination)
     tracker = PipelineTracker(config, destination)
-    tracker.start(source_files=source_files)
+    tracker.start(source_files=source_files, code_fingerprint=code_fingerprint)
     return tracker

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.config import Config
+from fullthrottle.core.config import Config
 
 # JSON describing the parent run for the in-process Trainer (set only while the pipeline runs).
 TRAINER_ENV = "FULLTHROTTLE_TRACKING"

@@ -1,9 +1,13 @@
-"""The bundled text-classification dataset, generated here deterministically.
+"""The data and schemas that ship with fullthrottle: nothing is downloaded at run time.
 
-`text_topics.csv` (shipped in `fullthrottle/data_files/`) has short messages in English and
-Chinese about one of four topics, plus a numeric and a categorical column, so the Transformer
-path (and character tokenization of CJK text) runs end to end with no download. Regenerate it
-with `python -m fullthrottle.datasets`; a test checks the shipped file matches this code.
+- `palmerpenguins` (the default data): `penguins.csv` from the PyPI package of that name, with
+  the curated schema `bundled_data/penguins.pbtxt` (see the comments in the file for how it was
+  curated), the data gate's contract for it.
+- `bundled:text_topics`: `bundled_data/text_topics.csv`, short messages in English and Chinese
+  about one of four topics, plus a numeric and a categorical column, so the Transformer path
+  (and character tokenization of CJK text) runs end to end. It is generated here
+  deterministically: regenerate it with `python -m fullthrottle.core.bundled`; a test checks
+  the shipped file matches this code.
 """
 
 from __future__ import annotations
@@ -12,6 +16,12 @@ import csv
 import io
 import random
 from pathlib import Path
+
+from fullthrottle.core.config import BUNDLED_PENGUINS, BUNDLED_TEXT, DataSpec
+from fullthrottle.core.errors import DataError
+
+BUNDLED_DATA_DIR = Path(__file__).resolve().parent / "bundled_data"
+PENGUINS_SCHEMA = BUNDLED_DATA_DIR / "penguins.pbtxt"
 
 TOPICS = {
     "sports": (
@@ -84,7 +94,33 @@ SEED = 20261130
 
 
 def text_topics_path() -> Path:
-    return Path(__file__).parent / "data_files" / "text_topics.csv"
+    return BUNDLED_DATA_DIR / "text_topics.csv"
+
+
+def bundled_path(name: str) -> Path:
+    """The file behind a bundled dataset name (`data.path: palmerpenguins`, `bundled:...`)."""
+    if name == BUNDLED_PENGUINS:
+        import palmerpenguins
+
+        return Path(palmerpenguins.__file__).parent / "data" / "penguins.csv"
+    if name == BUNDLED_TEXT:
+        return text_topics_path()
+    raise DataError(
+        f"unknown bundled dataset {name!r}; bundled ones are {BUNDLED_PENGUINS!r} and {BUNDLED_TEXT!r}"
+    )
+
+
+def schema_path_for(spec: DataSpec) -> str | None:
+    """The schema a run imports: `data.schema_path`, else the curated one for bundled penguins.
+
+    None means "infer one with SchemaGen from the data itself" (which finds no anomalies in
+    that same data: the gate then only guards against what SchemaGen's inference flags).
+    """
+    if spec.schema_path:
+        return spec.schema_path
+    if spec.path == BUNDLED_PENGUINS:
+        return str(PENGUINS_SCHEMA)
+    return None
 
 
 def generate_text_topics(rows: int = ROWS, seed: int = SEED) -> str:

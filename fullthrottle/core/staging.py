@@ -18,8 +18,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from fullthrottle.config import BUNDLED_PENGUINS, BUNDLED_TEXT, Config, DataSpec
-from fullthrottle.errors import DataError
+from fullthrottle.core.bundled import bundled_path
+from fullthrottle.core.config import BUNDLED_PENGUINS, BUNDLED_TEXT, Config, DataSpec
+from fullthrottle.core.errors import DataError
 
 STAGED_CSV = "data.csv"
 
@@ -32,20 +33,6 @@ class PreparedData:
     source_files: tuple[str, ...]
     columns: tuple[str, ...]
     rows: int | None  # counted for CSV input
-
-
-def bundled_path(name: str) -> Path:
-    if name == BUNDLED_PENGUINS:
-        import palmerpenguins
-
-        return Path(palmerpenguins.__file__).parent / "data" / "penguins.csv"
-    if name == BUNDLED_TEXT:
-        from fullthrottle import datasets
-
-        return datasets.text_topics_path()
-    raise DataError(
-        f"unknown bundled dataset {name!r}; bundled ones are {BUNDLED_PENGUINS!r} and {BUNDLED_TEXT!r}"
-    )
 
 
 def source_files(spec: DataSpec) -> list[Path]:

@@ -22,7 +22,7 @@ def vocab_name(column: str) -> str:
 
 def data_spec_from_custom_config(custom_config: Mapping[str, Any] | None):
     """Rebuilds the validated `DataSpec` that the pipeline put into a component's custom_config."""
-    from fullthrottle.config import DataSpec, build_dataclass
+    from fullthrottle.core.config import DataSpec, build_dataclass
 
     if not custom_config or "data" not in custom_config:
         raise ValueError("custom_config must carry the `data` spec (set by pipelines.pipeline)")

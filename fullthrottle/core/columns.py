@@ -31,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fullthrottle.errors import DataError
+from fullthrottle.core.errors import DataError
 
 DEFAULT_SAMPLE_ROWS = 20_000
 # Cells that mean "missing" in real CSVs. Only the ones seen in the sample go into the config.
@@ -50,7 +50,7 @@ _TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz", ".gz", ".tfr")
 
 @dataclass(frozen=True)
 class TextSettings:
-    """What `init` proposes for one text column (fields of `fullthrottle.config.TextColumn`)."""
+    """What `init` proposes for one text column (fields of `fullthrottle.core.config.TextColumn`)."""
 
     name: str
     tokenizer: str

@@ -3,7 +3,7 @@
 Built once at the edge (CLI flags, a YAML file, presets) and passed down. Every dataclass
 validates itself in `__post_init__` and names the bad field; `load_config` additionally rejects
 unknown keys and wrong types with the dotted path of the field (``training.per_replica_batch_size``).
-Data-dependent checks (does the column exist in the CSV?) live in `fullthrottle.data`, and run
+Data-dependent checks (does the column exist in the CSV?) live in `fullthrottle.core.staging`, and run
 before the pipeline starts.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from fullthrottle.errors import ConfigError, TrainingConfigError
+from fullthrottle.core.errors import ConfigError, TrainingConfigError
 from trainer_module.training.config import TrainingConfig
 
 BUNDLED_PENGUINS = "palmerpenguins"
@@ -29,7 +29,7 @@ BUNDLED_TEXT = "bundled:text_topics"
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
 
 
-def _check_name(value: str, field_name: str) -> None:
+def check_name(value: str, field_name: str) -> None:
     if not value or not set(value) <= _NAME_CHARS:
         raise ConfigError(
             f"`{field_name}` must be a non-empty name of letters, digits, '_' or '-', got {value!r}"
@@ -179,7 +179,7 @@ class TrackingConfig:
             raise ConfigError(
                 "`tracking.experiment` must be a non-empty name or null (= pipeline name)"
             )
-        _check_name(self.registry_alias, "tracking.registry_alias")
+        check_name(self.registry_alias, "tracking.registry_alias")
         if self.retries < 0:
             raise ConfigError(f"`tracking.retries` must be >= 0, got {self.retries}")
         for name in (
@@ -502,8 +502,8 @@ class Config:
     kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)  # issue 7
 
     def __post_init__(self) -> None:
-        _check_name(self.pipeline_name, "pipeline_name")
-        _check_name(self.model_name, "model_name")
+        check_name(self.pipeline_name, "pipeline_name")
+        check_name(self.model_name, "model_name")
         if not self.output_dir:
             raise ConfigError("`output_dir` must not be empty")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.config import BeamConfig, Config, DataSpec, TextColumn, load_config
+from fullthrottle.core.config import BeamConfig, Config, DataSpec, TextColumn, load_config
 from trainer_module.training import ModelInputs, TrainingConfig
 
 # The Transformer benchmark's shape: BERT-mini's width (d_model 256, 4 heads, FFN 1024; Turc et
@@ -150,7 +150,7 @@ def run_transform_prefix(config: Config) -> dict[str, Any]:
     seconds from MLMD and the wall time."""
     from tfx import v1 as tfx
 
-    from fullthrottle.data import prepare_data
+    from fullthrottle.core.staging import prepare_data
     from fullthrottle.outcome import read_latest_run
     from pipelines.local_runner import build_local_pipeline, run_pipeline
 

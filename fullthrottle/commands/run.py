@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from fullthrottle.core.config import PRESETS, Config, load_config
 from fullthrottle.core.errors import USER_ERRORS, PipelineFailedError
+
+if TYPE_CHECKING:
+    from fullthrottle.outcome import RunOutcome
 
 LAST_RUN = "last_run.json"
 EXIT_NOT_BLESSED = 3
@@ -71,7 +74,19 @@ def _now() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Stages the data, runs the pipeline, and ends once: one read of ML Metadata, one
+    `last_run.json`, tracking finished with the same summary."""
     from fullthrottle.core.staging import prepare_data
+    from fullthrottle.outcome import read_latest_run
+    from fullthrottle.progress import PipelineProgress
+    from fullthrottle.tracking import (
+        finish_tracking,
+        start_tracking,
+        tracking_environment,
+        tracking_message,
+    )
+    from pipelines.local_runner import run_local
+    from pipelines.pipeline import code_fingerprint
 
     config = config_from_args(args)
     prepared = prepare_data(config)  # bad data stops here, before any component runs
@@ -81,33 +96,20 @@ def run(args: argparse.Namespace) -> int:
         + (f" ({prepared.rows} rows)" if prepared.rows is not None else ""),
         file=sys.stderr,
     )
-    # --- tracking (issue 5): one MLflow run around the pipeline; never stops it -----------
-    from fullthrottle.tracking import (
-        finish_tracking,
-        start_tracking,
-        tracking_environment,
-        tracking_message,
-    )
-    from pipelines.pipeline import code_fingerprint
-
+    # Tracking never stops the pipeline: its failures end up in the summary's `tracking`.
     tracker = start_tracking(
         config, source_files=prepared.source_files, code_fingerprint=code_fingerprint()
     )
-    # --- end tracking ----------------------------------------------------------------------
     error: BaseException | None = None
     try:
-        from fullthrottle.progress import PipelineProgress
-        from pipelines.local_runner import run_local
-
-        # Component states and durations on stderr while the pipeline runs (issue 9).
-        with PipelineProgress(str(config.mlmd_path)), tracking_environment(tracker):  # issue 5
+        with PipelineProgress(str(config.mlmd_path)), tracking_environment(tracker):
             run_local(config, input_base=prepared.input_base)
     except Exception as exc:  # noqa: BLE001 - re-raised below with the failing component named
         error = exc
-    summary = write_last_run(config, started_at=started_at, error=error)
-    summary = finish_tracking(
-        tracker, summary, error=error
-    )  # issue 5: adds `tracking` to last_run.json
+    outcome = read_latest_run(str(config.mlmd_path))
+    summary = run_summary(config, outcome, started_at=started_at, error=error)
+    summary["tracking"] = finish_tracking(tracker, summary, outcome, error=error)
+    path = write_last_run(config, summary)
     if error is not None:
         failed = summary.get("failed_component") or "a component"
         # Our own errors already say what to do; anything else is shown with its type.
@@ -118,12 +120,12 @@ def run(args: argparse.Namespace) -> int:
         )
         raise PipelineFailedError(
             f"{failed} failed: {cause} Nothing was pushed by this run. Details: "
-            f"{config.output_path / LAST_RUN}; rerun with --debug for the stack trace."
-            + tracking_message(summary, prefix=" ")  # issue 5
+            f"{path}; rerun with --debug for the stack trace."
+            + tracking_message(summary["tracking"], prefix=" ")
         ) from error
-    print_summary(summary)
-    if tracking_message(summary):  # issue 5
-        print(tracking_message(summary), file=sys.stderr)
+    print_summary(summary, path)
+    if tracking_message(summary["tracking"]):
+        print(tracking_message(summary["tracking"]), file=sys.stderr)
     return 0 if summary["blessed"] else EXIT_NOT_BLESSED
 
 
@@ -132,13 +134,13 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0][:500]
 
 
-def write_last_run(
-    config: Config, *, started_at: str, error: BaseException | None
+def run_summary(
+    config: Config, outcome: RunOutcome | None, *, started_at: str, error: BaseException | None
 ) -> dict[str, Any]:
-    from fullthrottle.core.redact import redact, redact_text  # issue 8
-    from fullthrottle.outcome import read_latest_run
+    """What `last_run.json` says about a run, from its outcome in ML Metadata. Secrets (tokens,
+    passwords, URL credentials in Beam args...) are masked: they never reach disk."""
+    from fullthrottle.core.redact import redact, redact_text
 
-    outcome = read_latest_run(str(config.mlmd_path))
     components = {}
     failed_component = None
     if outcome is not None:
@@ -166,22 +168,25 @@ def write_last_run(
         "serving_dir": str(config.serving_dir),
         "started_at": started_at,
         "finished_at": _now(),
-        # issue 8: secrets (tokens, passwords, URL credentials in Beam args...) never reach disk.
-        "config": redact(dataclasses.asdict(config)),
+        "config": redact(config.to_dict()),
     }
     if error is not None:
-        summary["error"] = redact_text(f"{type(error).__name__}: {_first_line(error)}")  # issue 8
+        summary["error"] = redact_text(f"{type(error).__name__}: {_first_line(error)}")
         summary["failed_component"] = failed_component
+    return summary
+
+
+def write_last_run(config: Config, summary: dict[str, Any]) -> Path:
+    """Writes `<output_dir>/last_run.json` atomically (a reader never sees half a file)."""
     path = config.output_path / LAST_RUN
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(summary, indent=2, default=str), encoding="utf-8")
     os.replace(tmp, path)
-    summary["_path"] = str(path)
-    return summary
+    return path
 
 
-def print_summary(summary: dict[str, Any]) -> None:
+def print_summary(summary: dict[str, Any], path: Path) -> None:
     lines = [
         f"fullthrottle: pipeline {summary['pipeline_name']!r} run {summary['run_id']} finished"
     ]
@@ -202,18 +207,16 @@ def print_summary(summary: dict[str, Any]) -> None:
                 precision=training.get("precision_policy"),
             )
         )
-        # --- step-time advisor (issue 4) ---------------------------------------------------------
         if training.get("advisor"):
             from trainer_module.training.advisor import format_advice
 
             lines.append("  step-time advisor:")
             lines.extend(format_advice(training["advisor"], indent="    "))
-        # --- end advisor -------------------------------------------------------------------------
     if summary["pushed_model_dir"]:
         lines.append(f"  pushed: {summary['pushed_model_dir']}")
     elif summary["blessed"]:
         lines.append("  blessed, but the push was not recorded")
     else:
         lines.append("  NOT blessed by the Evaluator: nothing was pushed")
-    lines.append(f"  details: {summary['_path']}")
+    lines.append(f"  details: {path}")
     print("\n".join(lines))

@@ -2,21 +2,22 @@
 
 `fullthrottle run` calls `start_tracking` before the pipeline, runs it inside
 `tracking_environment` (which links the in-process Trainer's hook to the pipeline's run) and
-calls `finish_tracking` after it. The Trainer adds `trainer_hooks()` to its hook list. Nothing
-here raises because tracking failed: failures end up in last_run.json's `tracking` section and
-in the CLI's exit message. mlflow is imported only when tracking is on.
+calls `finish_tracking` with the run's summary and outcome after it; the returned status goes
+into last_run.json's `tracking` section. The Trainer adds `trainer_hooks()` to its hook list.
+Nothing here raises because tracking failed: failures end up in that status and in the CLI's
+exit message. mlflow is imported only when tracking is on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from fullthrottle.core.config import Config
+    from fullthrottle.outcome import RunOutcome
     from fullthrottle.tracking.pipeline_run import PipelineTracker
 
 
@@ -41,24 +42,21 @@ def tracking_environment(tracker: PipelineTracker | None) -> Iterator[None]:
 
 
 def finish_tracking(
-    tracker: PipelineTracker | None, summary: dict[str, Any], *, error: BaseException | None
+    tracker: PipelineTracker | None,
+    summary: dict[str, Any],
+    outcome: RunOutcome | None,
+    *,
+    error: BaseException | None,
 ) -> dict[str, Any]:
-    """Ends the run and records its tracking status in `summary` and in last_run.json."""
-    status = {"enabled": False} if tracker is None else tracker.finish(summary, error=error)
-    summary["tracking"] = status
-    path = summary.get("_path")
-    if path:
-        public = {k: v for k, v in summary.items() if not k.startswith("_")}
-        tmp = f"{path}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(public, indent=2, default=str))
-        os.replace(tmp, path)
-    return summary
+    """Logs the run's outcome and ends the MLflow run; returns the tracking status for the
+    caller's summary (`last_run.json`'s `tracking`). Writes no file of its own."""
+    if tracker is None:
+        return {"enabled": False}
+    return tracker.finish(summary, outcome, error=error)
 
 
-def tracking_message(summary: dict[str, Any], prefix: str = "") -> str:
+def tracking_message(status: dict[str, Any], prefix: str = "") -> str:
     """One line on tracking for the CLI: where the run is, or that tracking is incomplete."""
-    status = summary.get("tracking") or {}
     if not status.get("enabled"):
         return ""
     if status.get("complete"):

@@ -27,7 +27,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric, Param, RunTag
 
@@ -43,6 +43,9 @@ from fullthrottle.tracking.store import (
     prepare_store,
     resolve_destination,
 )
+
+if TYPE_CHECKING:
+    from fullthrottle.outcome import RunOutcome
 
 RUN_KEY_TAG = "fullthrottle.run_key"
 PIPELINE_TAG = "fullthrottle.pipeline_name"
@@ -295,16 +298,15 @@ class PipelineTracker:
                 os.environ[TRAINER_ENV] = previous
 
     # --- finish -------------------------------------------------------------------------------
-    def finish(self, summary: dict[str, Any], *, error: BaseException | None) -> dict[str, Any]:
+    def finish(
+        self, summary: dict[str, Any], outcome: RunOutcome | None, *, error: BaseException | None
+    ) -> dict[str, Any]:
         """Logs the outcome, registers a pushed model, ends the run; returns `status()`."""
         if self.status_path.exists():
             with contextlib.suppress(OSError, json.JSONDecodeError):
                 self.trainer_status = json.loads(self.status_path.read_text(encoding="utf-8"))
         if self.run_id is None:
             return self.status()
-        from fullthrottle.outcome import read_latest_run
-
-        outcome = read_latest_run(str(self.config.mlmd_path))
         components = outcome.components if outcome else {}
         self._log_outcome(summary, components)
         for component in ("Transform", "Trainer", "Evaluator"):
@@ -473,8 +475,7 @@ class PipelineTracker:
                         source,
                         artifact_path,
                     )
-        public = {k: v for k, v in summary.items() if not k.startswith("_")}
-        public["tracking"] = self.status()
+        public = {**summary, "tracking": self.status()}
         self.channel.ok(
             "log last_run.json",
             client.log_dict,

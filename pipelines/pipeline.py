@@ -32,6 +32,8 @@ RUN_FN = "trainer_module.run.run_fn"
 # TFX (a module_file would be), so without these an edited trainer would hit a stale cache; each
 # component hashes only its own code, so editing the model server does not retrain.
 TRANSFORM_CODE = ("trainer_module/transform.py", "fullthrottle/core/features.py")
+# TrainingConfig fields that reach run_fn as fn_args.train_steps / eval_steps.
+STEP_COUNTS = ("train_steps", "eval_steps")
 TRAINER_CODE = ("trainer_module", "serving/signatures.py", "fullthrottle/core/features.py")
 
 
@@ -105,7 +107,7 @@ def create_pipeline(
     serving_dir: str,
     metadata_connection_config: Any | None = None,
     beam_pipeline_args: Sequence[str] = (),
-    trainer_factory: Any | None = None,  # issue 7: e.g. the TFJob Trainer; default tfx Trainer
+    trainer_factory: Any | None = None,
     project_root: str | None = None,
 ) -> tfx.dsl.Pipeline:
     """Builds the whole pipeline from a validated config; reads nothing, runs nothing.
@@ -136,7 +138,6 @@ def create_pipeline(
         )
 
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
-    # --- reliability (issue 8): curated schema by default for bundled data; the data gate ---
     schema_path = schema_path_for(spec)
     if schema_path:
         # Not ImportSchemaGen: its cache key is the path only, so an edited schema went unseen.
@@ -162,13 +163,12 @@ def create_pipeline(
         else "inferred by SchemaGen from this data",
     )
     validated_schema = data_gate.outputs["validated_schema"]
-    # --- end reliability ---
 
     fingerprint = code_fingerprint(TRAINER_CODE)
     data_config = _plain(dataclasses.asdict(spec))
     transform = tfx.components.Transform(
         examples=example_gen.outputs["examples"],
-        schema=validated_schema,  # issue 8: gated
+        schema=validated_schema,
         preprocessing_fn=PREPROCESSING_FN,
         # Nothing reads Transform's pre/post-transform statistics (StatisticsGen describes the raw
         # data) and the analyzer cache pays off only across spans: both off, 25 s -> 16 s on the
@@ -181,12 +181,18 @@ def create_pipeline(
         run_fn=RUN_FN,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
-        schema=validated_schema,  # issue 8: gated
+        schema=validated_schema,
+        # Step counts travel in TFX's own train/eval args (what the Kubeflow UI shows), the rest
+        # of the training config in custom_config: each value by one channel.
         train_args=tfx.proto.TrainArgs(num_steps=config.training.train_steps),
         eval_args=tfx.proto.EvalArgs(num_steps=config.training.eval_steps or 0),
         custom_config={
             "data": data_config,
-            "training": _plain(dataclasses.asdict(config.training)),
+            "training": {
+                key: value
+                for key, value in _plain(dataclasses.asdict(config.training)).items()
+                if key not in STEP_COUNTS
+            },
             "code_fingerprint": fingerprint,
         },
     )
@@ -195,7 +201,7 @@ def create_pipeline(
         model=trainer.outputs["model"],
         eval_config=eval_config(config),
     )
-    # --- Pusher (issue 6): SafePusher publishes complete version folders with warmup records.
+    # SafePusher publishes complete version folders with warmup records, only when blessed.
     with tfx.dsl.Cond(evaluator.outputs["blessing"].future()[0].custom_property("blessed") == 1):
         pusher = SafePusher(
             model=trainer.outputs["model"],
@@ -206,7 +212,6 @@ def create_pipeline(
             label=config.data.label,
             serving=config.serving,
         ).with_id("Pusher")
-    # --- end Pusher
 
     return tfx.dsl.Pipeline(
         pipeline_name=config.pipeline_name,
@@ -216,7 +221,7 @@ def create_pipeline(
             statistics_gen,
             schema_gen,
             example_validator,
-            data_gate,  # issue 8
+            data_gate,
             transform,
             trainer,
             evaluator,

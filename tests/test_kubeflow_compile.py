@@ -201,6 +201,15 @@ def test_tfjob_trainer_step(tfjob_spec):
     assert custom["training"]["strategy"] == "multi_worker"
 
 
+def test_step_counts_reach_the_trainer_by_train_and_eval_args_only(tfjob_spec):
+    _, spec = tfjob_spec
+    custom = json.loads(_exec_property(spec, "Trainer", "custom_config"))
+    assert "train_steps" not in custom["training"]
+    assert "eval_steps" not in custom["training"]
+    train_args = json.loads(_exec_property(spec, "Trainer", "train_args"))
+    assert int(train_args["num_steps"]) == load_config().training.train_steps
+
+
 def test_tfjob_with_a_single_worker_strategy_is_refused_before_compiling():
     config = load_config(overrides=["kubeflow.tfjob.enabled=true", "training.strategy=mirrored"])
     with pytest.raises(ConfigError, match=r"kubeflow\.tfjob\.workers.*training\.strategy"):

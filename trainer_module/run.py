@@ -20,7 +20,7 @@ import tensorflow_transform as tft
 
 from fullthrottle.core.features import LABEL_VOCAB, NUM_OOV_BUCKETS, transformed_name, vocab_name
 from fullthrottle.progress import TrainerProgress
-from fullthrottle.tracking import trainer_hooks  # issue 5
+from fullthrottle.tracking import trainer_hooks
 from serving.signatures import export_serving_model
 from trainer_module.training import ModelInputs, TrainingConfig, train
 
@@ -65,9 +65,16 @@ def run_fn(fn_args: Any) -> None:
 
     custom = fn_args.custom_config or {}
     spec = data_spec_from_custom_config(custom)
-    training = build_dataclass(TrainingConfig, custom.get("training", {}), "training")
-    if fn_args.train_steps:
-        training = dataclasses.replace(training, train_steps=int(fn_args.train_steps))
+    # Step counts come from TFX's train/eval args, everything else from custom_config.
+    training = build_dataclass(
+        TrainingConfig,
+        {
+            **custom.get("training", {}),
+            "train_steps": int(fn_args.train_steps),
+            "eval_steps": int(fn_args.eval_steps) if fn_args.eval_steps else None,
+        },
+        "training",
+    )
 
     tft_output = tft.TFTransformOutput(fn_args.transform_output)
     model_inputs = model_inputs_from(spec, tft_output)
@@ -92,7 +99,7 @@ def run_fn(fn_args: Any) -> None:
         train_files=train_files,
         eval_files=eval_files,
         work_dir=work_dir,
-        # MLflow (issue 5): a hook only when `fullthrottle run` linked a parent run; chief only.
+        # MLflow: a hook only when `fullthrottle run` linked a parent run; chief only.
         hooks=[TrainerProgress(), *trainer_hooks()],
     )
     if not result.is_chief:
@@ -111,14 +118,13 @@ def run_fn(fn_args: Any) -> None:
             _copy_tree(source, os.path.join(fn_args.model_run_dir, name))
     summary = summarize(result)
     summary["work_dir"] = work_dir
-    # --- step-time advisor (issue 4): input wait vs compute, and what to change ---------------
+    # The step-time advisor: input wait vs compute, and what to change.
     from trainer_module.training.advisor import advise_result, format_advice
 
     summary["advisor"] = advise_result(result, training)
     logging.info(
         "fullthrottle step-time advisor:\n%s", "\n".join(format_advice(summary["advisor"]))
     )
-    # --- end advisor -----------------------------------------------------------------------------
     tf.io.gfile.makedirs(fn_args.model_run_dir)
     with tf.io.gfile.GFile(os.path.join(fn_args.model_run_dir, SUMMARY_FILE), "w") as f:
         f.write(json.dumps(summary, indent=2, default=float))

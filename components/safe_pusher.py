@@ -59,7 +59,7 @@ def _eval_examples(examples_artifacts: list[Any], *, label: str, limit: int) -> 
     return records
 
 
-# --- issue 8 (reliability): a push killed after publishing is not published twice -------------
+# A push killed after publishing is not published twice.
 def already_published(
     serving_dir: str, *, model_dir: str, warmup_records: int, tflite: bool
 ) -> tuple[int, str] | None:
@@ -97,9 +97,6 @@ def _read_bytes(path: str) -> bytes:
         return f.read()
 
 
-# --- end issue 8 -------------------------------------------------------------------------------
-
-
 class Executor(base_executor.BaseExecutor):
     def Do(
         self,
@@ -122,7 +119,7 @@ class Executor(base_executor.BaseExecutor):
             limit=_MAX_WARMUP_EXAMPLES,
         )
         model_dir = path_utils.serving_model_path(model.uri)
-        # --- issue 8: a rerun after a kill between publish and TFX's record reuses the version
+        # A rerun after a kill between publish and TFX's record reuses the version.
         expected_warmup = int(push_config["warmup_requests"]) if examples else 0
         existing = already_published(
             exec_properties["serving_dir"],
@@ -138,7 +135,6 @@ class Executor(base_executor.BaseExecutor):
             pushed.set_string_custom_property("pushed_version", str(version))
             pushed.set_int_custom_property("warmup_records", expected_warmup)
             return
-        # --- end issue 8
         result = push_model(
             model_dir=model_dir,
             serving_dir=exec_properties["serving_dir"],

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 
 from tfx import v1 as tfx
 
@@ -68,7 +67,3 @@ def build_local_pipeline(
 def run_local(config: Config, *, input_base: str) -> None:
     """Runs the whole pipeline; component errors propagate unchanged."""
     run_pipeline(build_local_pipeline(config, input_base=input_base))
-
-
-def mlmd_path_exists(config: Config) -> bool:
-    return Path(config.mlmd_path).exists()

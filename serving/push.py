@@ -362,7 +362,7 @@ def remove_old_versions(serving_dir: str, *, keep: int, protect: int) -> list[in
     return removed
 
 
-# --- issue 8 (reliability): folders left behind by a killed push ------------------------------
+# Folders left behind by a killed push.
 def _lock_staging(staging: str) -> int:
     """Creates the staging folder and holds an exclusive `flock` on it for this push's lifetime.
 
@@ -411,9 +411,6 @@ def remove_abandoned_folders(serving_dir: str) -> list[str]:
     return removed
 
 
-# --- end issue 8 -------------------------------------------------------------------------------
-
-
 def push_model(
     *,
     model_dir: str,
@@ -442,7 +439,7 @@ def push_model(
         serving_dir = str(Path(serving_dir).absolute())
     tf.io.gfile.makedirs(serving_dir)
     if not remote:
-        remove_abandoned_folders(serving_dir)  # issue 8: a killed push's staging folder
+        remove_abandoned_folders(serving_dir)  # a killed push's staging folder
     if version is None:
         version = next_version(serving_dir)
     elif version in version_dirs(serving_dir):
@@ -457,7 +454,7 @@ def push_model(
         if remote
         else os.path.join(serving_dir, f"{STAGING_PREFIX}{version}-{uuid.uuid4().hex[:8]}")
     )
-    staging_lock = None if remote else _lock_staging(staging)  # issue 8: held until published
+    staging_lock = None if remote else _lock_staging(staging)  # held until published
     try:
         _copy_tree(model_dir, staging, last=("saved_model.pb",) if remote else ())
         records = build_warmup_records(
@@ -490,7 +487,7 @@ def push_model(
             shutil.rmtree(staging, ignore_errors=True)
         raise
     finally:
-        if staging_lock is not None:  # issue 8
+        if staging_lock is not None:
             os.close(staging_lock)
     removed = remove_old_versions(serving_dir, keep=keep_versions, protect=version)
     return PushResult(

@@ -330,7 +330,7 @@ def test_input_wait_fraction_is_measured_not_guessed():
     # The next element is produced while a step computes (tf.data's injected prefetch, the
     # distributed iterator's buffer), so each step waits at least sleep - step; the first may
     # find one element ready. The step took ~5-15 ms on an AVX512 EPYC and 36-42 ms on an
-    # AVX2-only one (2026-12-01): with an 80 ms sleep the latter waited 0.41 s, under 6 sleeps.
+    # AVX2-only one: with an 80 ms sleep the latter waited 0.41 s, under 6 sleeps.
     assert slow_wait > (steps - 1) * (sleep - step), (slow_wait, step)
     assert slow_fraction > 0.6, slow_fraction
     # From memory, prefetched: waiting is a small part of the loop (not 0: on 2 busy cores the

@@ -1,4 +1,4 @@
-"""Secrets out of everything fullthrottle writes down: logs, tracked params, run summaries.
+"""Secrets out of everything fullthrottle writes down: tracked params, run summaries, messages.
 
 One helper for every writer. `redact(value)` returns a copy of a JSON-like value (dicts, lists,
 tuples, strings) in which
@@ -12,13 +12,11 @@ tuples, strings) in which
 
 Keys are matched by their words (split at ``_``, ``-``, ``.`` and case changes), so
 ``tokenizer`` and ``max_tokens`` stay readable while ``token`` and ``access_token`` do not.
-`RedactingFilter` applies the same to log records. It refuses nothing: unknown types pass through
-unchanged. What it cannot know (a secret under an innocent name, in free text) it does not find.
+It refuses nothing: unknown types pass through unchanged. What it cannot know (a secret under an innocent name, in free text) it does not find.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -133,20 +131,3 @@ def redact_value(key: str, value: Any) -> Any:
     if is_secret_key(str(key).rsplit(".", 1)[-1]) and value != "":
         return REDACTED
     return redact(value)
-
-
-class RedactingFilter(logging.Filter):
-    """A logging filter that redacts each record's formatted message before any handler sees it.
-
-    Install it on a handler (``handler.addFilter(RedactingFilter())``) or a logger.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001 - a malformed record is logging's problem, not ours
-            return True
-        cleaned = redact_text(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        return True

@@ -72,7 +72,7 @@ def _read_csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
         raise DataError(
             f"{path} is empty: a CSV needs a header line and at least one row of data"
         ) from None
-    # --- reliability (issue 8): a malformed row is the user's to fix, not a stack trace ---
+    # A malformed row is the user's to fix, not a stack trace.
     except csv.Error as exc:
         raise DataError(
             f"{path}, line {reader.line_num}: cannot read the header as CSV ({exc})"
@@ -87,7 +87,6 @@ def _read_csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
             f"{path}, line {reader.line_num}: {exc}; a cell this long is not accepted by the CSV "
             "reader of ExampleGen either. Shorten or remove the value."
         ) from None
-    # --- end reliability ---
     return header, rows
 
 
@@ -144,11 +143,11 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
                     f"{path}, line {line_no}: the header line appears again inside the data; remove it"
                 )
             all_rows.append(["" if cell in na else cell for cell in row])
-        _check_numeric_cells(spec, header, all_rows[len(all_rows) - len(rows) :], path)  # issue 8
+        _check_numeric_cells(spec, header, all_rows[len(all_rows) - len(rows) :], path)
     assert header0 is not None
     if not all_rows:
         raise DataError(f"{files[0]} has a header but no rows of data")
-    _check_label_classes(spec, header0, all_rows, files)  # issue 8
+    _check_label_classes(spec, header0, all_rows, files)
     buffer = io.StringIO(newline="")
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header0)
@@ -169,7 +168,7 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
     return PreparedData(str(staged_dir), tuple(map(str, files)), tuple(header0), len(all_rows))
 
 
-# --- reliability (issue 8): value checks that would otherwise fail deep inside Transform ---
+# Value checks that would otherwise fail deep inside Transform.
 def _check_numeric_cells(
     spec: DataSpec, header: list[str], rows: list[list[str]], path: Path
 ) -> None:
@@ -262,9 +261,6 @@ def _check_schema_file(spec: DataSpec) -> None:
         )
 
 
-# --- end reliability ---
-
-
 def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
     import tensorflow as tf
 
@@ -296,14 +292,14 @@ def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
         raise DataError(
             f"`data.path` must be a folder of TFRecord files for format 'tfrecord', got the file {first}"
         )
-    rows = _scan_tfrecords(files)  # issue 8
+    rows = _scan_tfrecords(files)
     return PreparedData(str(parent), tuple(map(str, files)), tuple(header), rows)
 
 
 def prepare_data(config: Config) -> PreparedData:
     """Checks the configured data and stages it for ExampleGen; raises `DataError` when unusable."""
     spec = config.data
-    _check_schema_file(spec)  # issue 8
+    _check_schema_file(spec)
     files = source_files(spec)
     if spec.format == "tfrecord":
         return _prepare_tfrecord(spec, files)

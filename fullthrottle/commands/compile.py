@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.commands.run import add_config_arguments, config_from_args
+from fullthrottle.commands.options import add_config_arguments, config_from_args
 from fullthrottle.core.errors import ConfigError
 
 TARGETS = ("kubeflow",)

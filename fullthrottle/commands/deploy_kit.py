@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.commands.run import add_config_arguments, config_from_args
+from fullthrottle.commands.options import add_config_arguments, config_from_args
 
 
 def register(sub: Any) -> argparse.ArgumentParser:

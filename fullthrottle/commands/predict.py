@@ -27,10 +27,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.commands.run import add_config_arguments, config_from_args
-from fullthrottle.commands.serve import ServingError
+from fullthrottle.commands.options import add_config_arguments, config_from_args
 from fullthrottle.core.config import Config, check_name
-from fullthrottle.core.errors import DataError
+from fullthrottle.core.errors import DataError, ServingError
 
 
 def register(sub: Any) -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.commands.run import add_config_arguments, config_from_args
+from fullthrottle.commands.options import add_config_arguments, config_from_args
 from fullthrottle.core.errors import DataError
 from fullthrottle.core.scratch import scratch_tempdir
 

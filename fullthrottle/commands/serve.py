@@ -14,13 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fullthrottle.commands.run import add_config_arguments, config_from_args
+from fullthrottle.commands.options import add_config_arguments, config_from_args
 from fullthrottle.core.config import Config, check_name
-from fullthrottle.core.errors import ConfigError, FullthrottleError
-
-
-class ServingError(FullthrottleError):
-    """Nothing can be served as asked (no pushed model, port taken, ...)."""
+from fullthrottle.core.errors import ConfigError, ServingError
 
 
 def register(sub: Any) -> argparse.ArgumentParser:

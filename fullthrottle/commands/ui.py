@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Any
 
-from fullthrottle.commands.run import add_config_arguments, config_from_args
+from fullthrottle.commands.options import add_config_arguments, config_from_args
 from fullthrottle.core.errors import ConfigError
 
 

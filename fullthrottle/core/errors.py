@@ -27,6 +27,10 @@ class DataError(FullthrottleError, ValueError):
     """Input data cannot be used as configured (missing file, empty, missing column...)."""
 
 
+class ServingError(FullthrottleError):
+    """Nothing can be served as asked (no pushed model, port taken, server unreachable...)."""
+
+
 class PipelineFailedError(FullthrottleError):
     """A pipeline component failed; the message names the component and the cause."""
 

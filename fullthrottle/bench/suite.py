@@ -905,9 +905,28 @@ def verdict_text(t: dict[str, Any] | None) -> str:
 
 
 def markdown_table(document: dict[str, Any]) -> str:
-    """The results as Markdown: one row per comparison, ratios first (absolutes are noisy)."""
-    r = document["results"]
-    target_of = {t["name"]: t for t in document["targets"]}
+    """One run's results as Markdown: the run and its machine, then :func:`results_table`."""
+    m = document["machine"]
+    header = (
+        f"results of `fullthrottle bench` ({document['mode']}), {document['date']}, commit {document['git_commit']}\n"
+        f"machine: {machine_text(m)}; suite {document['suite_seconds']:.0f} s\n"
+    )
+    return header + "\n" + results_table(document["results"], document["targets"])
+
+
+def machine_text(m: dict[str, Any]) -> str:
+    """The machine a reading was taken on, as the tables name it."""
+    return (
+        f"{m['cpu']}, {m['cpu_count']} cores, bf16 {m['cpu_bf16']}, GPUs {m['gpus'] or 'none'}, "
+        f"TensorFlow {m['tensorflow']}"
+    )
+
+
+def results_table(results: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
+    """Results as a Markdown table: one row per comparison, ratios first (absolutes are noisy),
+    each target's verdict (an entry of :func:`targets`) beside its ratio."""
+    r = results
+    target_of = {t["name"]: t for t in verdicts}
 
     def verdict(name: str) -> str:
         return verdict_text(target_of.get(name))
@@ -1037,17 +1056,19 @@ def markdown_table(document: dict[str, Any]) -> str:
             rows.append(f"| {name}: FAILED | {part['error'][:200]} | | |")
         elif isinstance(part, dict) and "skipped" in part:
             rows.append(f"| {name}: skipped | {part['skipped']} | | |")
-    m = document["machine"]
-    header = (
-        f"results of `fullthrottle bench` ({document['mode']}), {document['date']}, commit {document['git_commit']}\n"
-        f"machine: {m['cpu']}, {m['cpu_count']} cores, bf16 {m['cpu_bf16']}, GPUs {m['gpus'] or 'none'}, "
-        f"TensorFlow {m['tensorflow']}; suite {document['suite_seconds']:.0f} s\n"
-    )
-    return header + "\n" + "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n"
+
+
+# ------------------------------------------------------------------------------ results files
+# `<results>/LATEST.json`: the newest reading of each benchmark across runs, each with where it
+# came from; `LATEST.md` is rendered from it. They are the results the docs show.
+LATEST = "LATEST"
 
 
 def write_results(document: dict[str, Any], results_dir: Path) -> tuple[Path, Path]:
-    """``<results_dir>/<timestamp>.json`` and ``.md``; never overwrites an existing result."""
+    """``<results_dir>/<timestamp>.json`` and ``.md`` (never overwriting an existing result),
+    then ``LATEST.json`` and ``LATEST.md`` updated with this run's readings (:func:`update_latest`).
+    Returns the run's two files."""
     results_dir.mkdir(parents=True, exist_ok=True)
     stamp = document["date"].replace(":", "").replace("+0000", "Z")
     stem = stamp
@@ -1058,4 +1079,79 @@ def write_results(document: dict[str, Any], results_dir: Path) -> tuple[Path, Pa
     json_path, md_path = results_dir / f"{stem}.json", results_dir / f"{stem}.md"
     json_path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
     md_path.write_text(markdown_table(document), encoding="utf-8")
+    update_latest(results_dir, document, results_file=stem)
     return json_path, md_path
+
+
+def merge_latest(
+    latest: dict[str, Any] | None, document: dict[str, Any], *, results_file: str
+) -> dict[str, Any]:
+    """``latest`` (a ``LATEST.json`` document, or None) with the readings of one run's
+    ``document`` (written as ``<results_file>.json``) in place of the earlier ones.
+
+    A benchmark the run did not select keeps its earlier reading; one it skipped (quick mode's
+    Beam scaling and checkpoint lever) is no reading and keeps it too; one that failed is the
+    newest reading of that benchmark, and replaces it. Each benchmark's ``provenance`` names
+    the run it came from; the targets are judged again over the merged results.
+    """
+    results = dict(latest["results"]) if latest else {}
+    provenance = dict(latest["provenance"]) if latest else {}
+    for name, part in document["results"].items():
+        if isinstance(part, dict) and "skipped" in part:
+            continue
+        results[name] = part
+        provenance[name] = {
+            "results_file": results_file,
+            "date": document["date"],
+            "mode": document["mode"],
+            "command": document["command"],
+            "git_commit": document["git_commit"],
+            "machine": document["machine"],
+        }
+    order = [name for name in BENCHMARKS if name in results]
+    order += sorted(set(results) - set(order))
+    merged = {name: results[name] for name in order}
+    return {
+        "results": merged,
+        "provenance": {name: provenance[name] for name in order},
+        "targets": targets(merged),
+    }
+
+
+def latest_markdown(latest: dict[str, Any]) -> str:
+    """``LATEST.md``: which run each benchmark's reading comes from, then :func:`results_table`."""
+    rows = [
+        "latest reading of each benchmark of `fullthrottle bench` (bench/results/LATEST.json)",
+        "",
+        "| benchmark | results file | mode | commit | finished (UTC) | seconds | machine |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, source in latest["provenance"].items():
+        seconds = latest["results"][name].get("bench_seconds")
+        rows.append(
+            f"| {name} | {source['results_file']} | {source['mode']} | {source['git_commit']} | "
+            f"{source['date']} | {'' if seconds is None else f'{seconds:.0f}'} | "
+            f"{machine_text(source['machine'])} |"
+        )
+    return "\n".join(rows) + "\n\n" + results_table(latest["results"], latest["targets"])
+
+
+def update_latest(
+    results_dir: Path, document: dict[str, Any], *, results_file: str
+) -> tuple[Path, Path]:
+    """Merges ``document`` into ``<results_dir>/LATEST.json`` (:func:`merge_latest`) and renders
+    ``LATEST.md`` from the file as written. Returns both paths."""
+    json_path, md_path = results_dir / f"{LATEST}.json", results_dir / f"{LATEST}.md"
+    earlier = json.loads(json_path.read_text(encoding="utf-8")) if json_path.exists() else None
+    latest = merge_latest(earlier, document, results_file=results_file)
+    _replace(json_path, json.dumps(latest, indent=2, default=str) + "\n")
+    # Rendered from the JSON as read back, so LATEST.md is exactly what its JSON renders to.
+    _replace(md_path, latest_markdown(json.loads(json_path.read_text(encoding="utf-8"))))
+    return json_path, md_path
+
+
+def _replace(path: Path, text: str) -> None:
+    """Writes ``path`` whole or not at all (a ``.tmp`` sibling renamed over it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

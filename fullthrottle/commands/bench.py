@@ -20,7 +20,8 @@ def register(sub: Any) -> argparse.ArgumentParser:
             "`model.fit` trainer (Transformer and tabular), model FLOPs utilization against a "
             "measured matmul ceiling, input efficiency, our reader vs tfx_bsl, MLflow tracking "
             "overhead, Beam ExampleGen+Transform scaling, per-component pipeline time and the "
-            "serving benchmark. Writes <results-dir>/<timestamp>.json and .md and prints the table."
+            "serving benchmark. Writes <results-dir>/<timestamp>.json and .md, merges the run's "
+            "readings into <results-dir>/LATEST.json and LATEST.md and prints the table."
         ),
         epilog=(
             "Examples:\n"
@@ -52,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from fullthrottle.bench.suite import (
         BENCHMARKS,
         FULL,
+        LATEST,
         QUICK,
         markdown_table,
         run_suite,
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     json_path, md_path = write_results(document, results_dir)
     print(markdown_table(document))
     print(f"results: {json_path} and {md_path}")
+    latest = results_dir / f"{LATEST}.md"
+    print(f"latest reading of each benchmark: {latest}")
     failed = [name for name, part in document["results"].items() if "error" in part]
     if failed and document["work_dir"]:
         print(f"work folder (runs, data, logs of the failed benchmarks): {document['work_dir']}")

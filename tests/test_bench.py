@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -521,6 +522,21 @@ def test_the_committed_latest_results_are_generated_from_their_json():
     # from them: a hand-edited LATEST.md (or JSON verdict) fails here.
     assert latest["targets"] == suite.targets(latest["results"])
     assert (results / "LATEST.md").read_text(encoding="utf-8") == suite.latest_markdown(latest)
+
+
+def test_git_keeps_only_the_latest_results():
+    def ignored(name):
+        done = subprocess.run(
+            ["git", "check-ignore", "-q", "--no-index", f"bench/results/{name}"],
+            cwd=suite.REPO,
+            check=False,
+        )
+        if done.returncode not in (0, 1):
+            pytest.skip("not a git checkout")
+        return done.returncode == 0
+
+    assert ignored("2030-01-01T100000Z.json") and ignored("2030-01-01T100000Z-2.md")
+    assert not ignored("LATEST.json") and not ignored("LATEST.md")
 
 
 def test_a_failed_benchmark_keeps_the_temp_work_folder_for_its_logs(tmp_path, monkeypatch):

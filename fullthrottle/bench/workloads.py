@@ -24,10 +24,10 @@ from trainer_module.training import ModelInputs, TrainingConfig
 
 # The Transformer benchmark's shape: BERT-mini's width (d_model 256, 4 heads, FFN 1024; Turc et
 # al. 2019) with 2 of its 4 layers (quick runs on 2 cores), sequence 128, batch 64, dropout 0.1,
-# on the bundled text data; the same model for both contenders. Chosen over the earlier
-# d_model 128 / FFN 512 shape because a realistic small-BERT width gives matmuls large enough
-# for oneDNN to run near the machine's ceiling; at d_model 128 the step is dominated by
-# element-wise ops (measured: docs/performance.md).
+# on the bundled text data; the same model for both contenders. A realistic small-BERT width
+# gives matmuls large enough for oneDNN to run near the machine's ceiling; at d_model 128 /
+# FFN 512 the step was dominated by element-wise ops (dropout RNG, GELU, casts), which no
+# trainer can fix and which says little about real models.
 TRANSFORMER_DATA = DataSpec(
     path="bundled:text_topics",
     label="topic",

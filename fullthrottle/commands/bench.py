@@ -16,7 +16,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
         "bench",
         help="benchmark the Trainer against the TFX-example trainer and the machine's limits",
         description=(
-            "Measures, in one process, alternating the contenders: our Trainer vs a TFX-example "
+            "Measures, alternating the contenders window by window: our Trainer vs a TFX-example "
             "`model.fit` trainer (Transformer and tabular), model FLOPs utilization against a "
             "measured matmul ceiling, input efficiency, our reader vs tfx_bsl, MLflow tracking "
             "overhead, Beam ExampleGen+Transform scaling, per-component pipeline time and the "

@@ -23,7 +23,7 @@ from fullthrottle.bench.trainer import (
     tracking_rates,
     training_flops_per_example,
 )
-from fullthrottle.bench.workloads import write_synthetic_training_data
+from tests.bench_data import write_synthetic_training_data
 from trainer_module.training import TrainingConfig
 
 TINY = dataclasses.replace(

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Output files of the servers `start_server` started, by process id, until `stop_server`.
 _SERVER_LOGS: dict[int, Any] = {}
 

@@ -539,6 +539,16 @@ def test_git_keeps_only_the_latest_results():
     assert not ignored("LATEST.json") and not ignored("LATEST.md")
 
 
+def test_embedding_the_latest_table_replaces_only_the_generated_block():
+    begin, end = suite.DOCS_BEGIN, suite.DOCS_END
+    page = f"# Title\n\nprose\n{begin}\nold table\n{end}\nmore prose\n"
+    new = suite.embed_latest(page, "| new | table |\n")
+    assert new == f"# Title\n\nprose\n{begin}\n\n| new | table |\n\n{end}\nmore prose\n"
+    assert suite.embed_latest(new, "| new | table |\n") == new
+    with pytest.raises(ValueError, match="no generated block"):
+        suite.embed_latest("# no markers\n", "| t |\n")
+
+
 def test_a_failed_benchmark_keeps_the_temp_work_folder_for_its_logs(tmp_path, monkeypatch):
     temp = tmp_path / "temp"
     temp.mkdir()

@@ -159,3 +159,62 @@ def test_errors_are_one_paragraph_and_debug_shows_the_trace(tmp_path, capsys):
                 str(tmp_path / "c.yaml"),
             ]
         )
+
+
+def _table_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of the body rows of the first table under ``heading`` in ``text``."""
+    lines = text.split(f"\n{heading}\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start + 2 :]:  # after the header and the |---| line
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return table
+
+
+def test_the_performance_page_shows_the_latest_results_as_generated():
+    import json
+
+    from fullthrottle.bench import suite
+
+    page = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    latest = json.loads((REPO / "bench" / "results" / "LATEST.json").read_text(encoding="utf-8"))
+    # The block between the markers is exactly what LATEST.json renders to, so every number in
+    # it is the JSON's, and rewriting it from the JSON (as `fullthrottle bench` does) changes
+    # nothing else on the page.
+    assert page.count(suite.DOCS_BEGIN) == page.count(suite.DOCS_END) == 1
+    assert suite.embed_latest(page, suite.latest_markdown(latest)) == page
+
+
+def test_the_performance_page_states_the_suite_s_targets_and_sizes():
+    import dataclasses
+
+    from fullthrottle.bench import suite
+
+    page = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    targets = {
+        row[0].strip("`"): float(row[1])
+        for row in _table_rows(page, "### Targets")
+        if row[0].startswith("`")
+    }
+    assert targets == suite.TARGETS
+
+    def shown(value):
+        if value is None or value == ():
+            return "–"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, tuple):
+            return ", ".join(f"{v:,}" for v in value)
+        return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+    rows = [row for row in _table_rows(page, "### Sizes") if row[0].startswith("`")]
+    fields = {f.name for f in dataclasses.fields(suite.Sizes)}
+    assert rows and all(row[0].strip("`") in fields for row in rows)
+    for field, full, quick, _ in rows:
+        name = field.strip("`")
+        assert (full, quick) == (
+            shown(getattr(suite.FULL, name)),
+            shown(getattr(suite.QUICK, name)),
+        ), name

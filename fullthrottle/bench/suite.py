@@ -1063,6 +1063,10 @@ def results_table(results: dict[str, Any], verdicts: list[dict[str, Any]]) -> st
 # `<results>/LATEST.json`: the newest reading of each benchmark across runs, each with where it
 # came from; `LATEST.md` is rendered from it. They are the results the docs show.
 LATEST = "LATEST"
+# The docs page that shows LATEST.md, between these two lines (`embed_latest`).
+DOCS_PAGE = REPO / "docs" / "performance.md"
+DOCS_BEGIN = "<!-- begin bench/results/LATEST.md: written by `fullthrottle bench`, do not edit -->"
+DOCS_END = "<!-- end bench/results/LATEST.md -->"
 
 
 def write_results(document: dict[str, Any], results_dir: Path) -> tuple[Path, Path]:
@@ -1148,6 +1152,19 @@ def update_latest(
     # Rendered from the JSON as read back, so LATEST.md is exactly what its JSON renders to.
     _replace(md_path, latest_markdown(json.loads(json_path.read_text(encoding="utf-8"))))
     return json_path, md_path
+
+
+def embed_latest(page: str, latest_md: str) -> str:
+    """``page`` (Markdown) with the text between its ``DOCS_BEGIN`` and ``DOCS_END`` lines
+    replaced by ``latest_md`` (``LATEST.md``'s text)."""
+    begin, end = page.find(DOCS_BEGIN), page.find(DOCS_END)
+    if begin < 0 or end < begin:
+        raise ValueError(
+            f"the page has no generated block: it needs a line {DOCS_BEGIN!r} and, after it, "
+            f"a line {DOCS_END!r}"
+        )
+    # Blank lines around the table: a Markdown table runs on into the next line otherwise.
+    return page[: begin + len(DOCS_BEGIN)] + "\n\n" + latest_md + "\n" + page[end:]
 
 
 def _replace(path: Path, text: str) -> None:

@@ -1,6 +1,9 @@
 """The docs and the CLI agree: every command has `--help` with an example, and every
 `fullthrottle ...` / `bin/envrun fullthrottle ...` / `make ...` command shown in README.md and
-docs/*.md is accepted by the real parser (or the Makefile), or listed below with a reason."""
+docs/*.md is accepted by the real parser (or the Makefile), or listed below with a reason.
+
+And the docs document: their links resolve, they carry no dated journal entries, and
+docs/performance.md's results, targets and sizes are the bench's own (LATEST.json, suite.py)."""
 
 from __future__ import annotations
 
@@ -218,3 +221,56 @@ def test_the_performance_page_states_the_suite_s_targets_and_sizes():
             shown(getattr(suite.FULL, name)),
             shown(getattr(suite.QUICK, name)),
         ), name
+
+
+def _outside_generated_blocks(text: str) -> str:
+    from fullthrottle.bench.suite import DOCS_BEGIN, DOCS_END
+
+    while DOCS_BEGIN in text and DOCS_END in text:
+        text = text.split(DOCS_BEGIN, 1)[0] + text.split(DOCS_END, 1)[1]
+    return text
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_docs_document_and_keep_no_journal(path):
+    # Dated entries, session notes and issue markers belong in commit messages; a measured
+    # figure says on what machine, not when. The generated results block names its runs' times.
+    text = _outside_generated_blocks(path.read_text(encoding="utf-8"))
+    journal = re.compile(
+        r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2}:\d\d UTC\b|\bthis (session|evening|morning|afternoon)\b"
+        r"|\bissue \d+\b",
+        re.IGNORECASE,
+    )
+    found = [
+        f"{path.name}:{number}: {match.group(0)}"
+        for number, line in enumerate(text.splitlines(), start=1)
+        for match in journal.finditer(line)
+    ]
+    assert not found, found
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file."""
+    anchors, in_block = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            in_block = not in_block
+        elif not in_block and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_links_in_the_docs_resolve(path):
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto: ...
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(target)
+    assert not broken, f"{path.name}: links to nothing: {broken}"

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from fullthrottle.bench.trainer import OurLoop
-from fullthrottle.bench.workloads import write_synthetic_training_data
+from tests.bench_data import write_synthetic_training_data
 from trainer_module.training import TrainingConfig
 from trainer_module.training.advisor import (
     HIGHLY_INPUT_BOUND,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from fullthrottle.bench.trainer import (
     tracking_rates,
     training_flops_per_example,
 )
-from fullthrottle.bench.workloads import write_synthetic_training_data
+from tests.bench_data import write_synthetic_training_data
 from trainer_module.training import TrainingConfig
 
 TINY = dataclasses.replace(
@@ -410,6 +411,142 @@ def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
         and json.loads(json_path.read_text())["results"]["beam"]["points"][0]["rows"] == 120
     )
     assert "Beam: ExampleGen + Transform, 120 rows, 1 worker(s)" in md_path.read_text()
+
+
+def _run_document(results: dict, *, date: str, commit: str, mode: str, bf16: bool) -> dict:
+    """A results document as `run_suite` returns it, with these readings."""
+    return {
+        "date": date,
+        "mode": mode,
+        "command": "fullthrottle bench" + (" --quick" if mode == "quick" else ""),
+        "git_commit": commit,
+        "machine": {"cpu": "EPYC", "cpu_count": 2, "cpu_bf16": bf16, "gpus": [], "tensorflow": "t"},
+        "suite_seconds": 1.0,
+        "results": results,
+        "targets": suite.targets(results),
+    }
+
+
+def _tracking_reading(paired: list[float]) -> dict:
+    entry = suite._ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
+    return {**entry, "train_steps": 100, "bench_seconds": 9.0}
+
+
+def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path):
+    beam = {
+        "points": [
+            {
+                "rows": 120,
+                "workers": 1,
+                "example_gen_seconds": 1.0,
+                "transform_seconds": 2.0,
+                "rows_per_second": 40.0,
+            }
+        ],
+        "two_vs_one_workers": {},
+        "bench_seconds": 5.0,
+    }
+    missed = _tracking_reading([0.93 + 0.001 * i for i in range(13)])  # decided: NOT met
+    full = _run_document(
+        {"tracking": missed, "beam": beam},
+        date="2030-01-01T10:00:00+00:00",
+        commit="aaaaaaa",
+        mode="full",
+        bf16=True,
+    )
+    results = tmp_path / "results"
+    first, _ = suite.write_results(full, results)
+    # A later `--quick --only tracking --only beam`: tracking measured again, Beam skipped.
+    met = _tracking_reading([0.99 + 0.001 * i for i in range(13)])  # decided: met
+    partial = _run_document(
+        {"tracking": met, "beam": {"skipped": "quick mode", "bench_seconds": 0.0}},
+        date="2030-01-02T10:00:00+00:00",
+        commit="bbbbbbb",
+        mode="quick",
+        bf16=False,
+    )
+    second, _ = suite.write_results(partial, results)
+    assert (first.stem, second.stem) == ("2030-01-01T100000Z", "2030-01-02T100000Z")
+    assert first.exists() and second.exists()  # each run keeps its own file
+
+    latest = json.loads((results / "LATEST.json").read_text())
+    assert latest["results"] == {"tracking": met, "beam": beam}  # Beam's earlier reading stays
+    source = latest["provenance"]
+    assert (
+        source["beam"]["results_file"] == first.stem and source["beam"]["git_commit"] == "aaaaaaa"
+    )
+    assert source["tracking"]["results_file"] == second.stem
+    assert (source["tracking"]["git_commit"], source["tracking"]["mode"]) == ("bbbbbbb", "quick")
+    assert source["beam"]["machine"]["cpu_bf16"] is True
+    assert source["tracking"]["machine"]["cpu_bf16"] is False
+    assert source["tracking"]["date"] == "2030-01-02T10:00:00+00:00"
+    # The targets are judged on the merged readings: tracking's newest, met.
+    verdict = {t["name"]: t for t in latest["targets"]}["tracking_on_vs_off"]
+    assert verdict["met"] and verdict["decided"]
+    assert verdict["measured"] == pytest.approx(met["paired_median"])
+
+    # LATEST.md is the renderer's output for LATEST.json: the same rows as a run's table.
+    text = (results / "LATEST.md").read_text()
+    assert text == suite.latest_markdown(latest)
+    assert suite.results_table(latest["results"], latest["targets"]) in text
+    assert "| beam | 2030-01-01T100000Z | full | aaaaaaa | 2030-01-01T10:00:00+00:00 | 5 |" in text
+    assert "| tracking | 2030-01-02T100000Z | quick | bbbbbbb |" in text
+    assert "Beam: ExampleGen + Transform, 120 rows, 1 worker(s)" in text
+    assert ">= 0.98: met |" in text
+
+    # A benchmark that fails is its newest reading: it replaces the earlier one, named as such.
+    broken = _run_document(
+        {"beam": {"error": "RuntimeError: boom", "bench_seconds": 1.0}},
+        date="2030-01-03T10:00:00+00:00",
+        commit="ccccccc",
+        mode="full",
+        bf16=True,
+    )
+    suite.write_results(broken, results)
+    latest = json.loads((results / "LATEST.json").read_text())
+    assert latest["results"]["beam"]["error"] == "RuntimeError: boom"
+    assert latest["results"]["tracking"] == met
+    assert latest["provenance"]["beam"]["git_commit"] == "ccccccc"
+    assert "| beam: FAILED | RuntimeError: boom |" in (results / "LATEST.md").read_text()
+
+
+def test_the_committed_latest_results_are_generated_from_their_json():
+    results = suite.REPO / "bench" / "results"
+    latest = json.loads((results / "LATEST.json").read_text(encoding="utf-8"))
+    # Every benchmark has a reading, and each says where it came from.
+    assert list(latest["results"]) == list(suite.BENCHMARKS)
+    assert list(latest["provenance"]) == list(suite.BENCHMARKS)
+    for source in latest["provenance"].values():
+        assert source["results_file"] and source["git_commit"] and source["machine"]["cpu"]
+    # The verdicts are the current rules applied to the readings, and the table is rendered
+    # from them: a hand-edited LATEST.md (or JSON verdict) fails here.
+    assert latest["targets"] == suite.targets(latest["results"])
+    assert (results / "LATEST.md").read_text(encoding="utf-8") == suite.latest_markdown(latest)
+
+
+def test_git_keeps_only_the_latest_results():
+    def ignored(name):
+        done = subprocess.run(
+            ["git", "check-ignore", "-q", "--no-index", f"bench/results/{name}"],
+            cwd=suite.REPO,
+            check=False,
+        )
+        if done.returncode not in (0, 1):
+            pytest.skip("not a git checkout")
+        return done.returncode == 0
+
+    assert ignored("2030-01-01T100000Z.json") and ignored("2030-01-01T100000Z-2.md")
+    assert not ignored("LATEST.json") and not ignored("LATEST.md")
+
+
+def test_embedding_the_latest_table_replaces_only_the_generated_block():
+    begin, end = suite.DOCS_BEGIN, suite.DOCS_END
+    page = f"# Title\n\nprose\n{begin}\nold table\n{end}\nmore prose\n"
+    new = suite.embed_latest(page, "| new | table |\n")
+    assert new == f"# Title\n\nprose\n{begin}\n\n| new | table |\n\n{end}\nmore prose\n"
+    assert suite.embed_latest(new, "| new | table |\n") == new
+    with pytest.raises(ValueError, match="no generated block"):
+        suite.embed_latest("# no markers\n", "| t |\n")
 
 
 def test_a_failed_benchmark_keeps_the_temp_work_folder_for_its_logs(tmp_path, monkeypatch):

@@ -1,6 +1,9 @@
 """The docs and the CLI agree: every command has `--help` with an example, and every
 `fullthrottle ...` / `bin/envrun fullthrottle ...` / `make ...` command shown in README.md and
-docs/*.md is accepted by the real parser (or the Makefile), or listed below with a reason."""
+docs/*.md is accepted by the real parser (or the Makefile), or listed below with a reason.
+
+And the docs document: their links resolve, they carry no dated journal entries, and
+docs/performance.md's results, targets and sizes are the bench's own (LATEST.json, suite.py)."""
 
 from __future__ import annotations
 
@@ -159,3 +162,115 @@ def test_errors_are_one_paragraph_and_debug_shows_the_trace(tmp_path, capsys):
                 str(tmp_path / "c.yaml"),
             ]
         )
+
+
+def _table_rows(text: str, heading: str) -> list[list[str]]:
+    """The cells of the body rows of the first table under ``heading`` in ``text``."""
+    lines = text.split(f"\n{heading}\n", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = []
+    for line in lines[start + 2 :]:  # after the header and the |---| line
+        if not line.startswith("|"):
+            break
+        table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return table
+
+
+def test_the_performance_page_shows_the_latest_results_as_generated():
+    import json
+
+    from fullthrottle.bench import suite
+
+    page = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    latest = json.loads((REPO / "bench" / "results" / "LATEST.json").read_text(encoding="utf-8"))
+    # The block between the markers is exactly what LATEST.json renders to, so every number in
+    # it is the JSON's, and rewriting it from the JSON (as `fullthrottle bench` does) changes
+    # nothing else on the page.
+    assert page.count(suite.DOCS_BEGIN) == page.count(suite.DOCS_END) == 1
+    assert suite.embed_latest(page, suite.latest_markdown(latest)) == page
+
+
+def test_the_performance_page_states_the_suite_s_targets_and_sizes():
+    import dataclasses
+
+    from fullthrottle.bench import suite
+
+    page = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    targets = {
+        row[0].strip("`"): float(row[1])
+        for row in _table_rows(page, "### Targets")
+        if row[0].startswith("`")
+    }
+    assert targets == suite.TARGETS
+
+    def shown(value):
+        if value is None or value == ():
+            return "–"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, tuple):
+            return ", ".join(f"{v:,}" for v in value)
+        return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+    rows = [row for row in _table_rows(page, "### Sizes") if row[0].startswith("`")]
+    fields = {f.name for f in dataclasses.fields(suite.Sizes)}
+    assert rows and all(row[0].strip("`") in fields for row in rows)
+    for field, full, quick, _ in rows:
+        name = field.strip("`")
+        assert (full, quick) == (
+            shown(getattr(suite.FULL, name)),
+            shown(getattr(suite.QUICK, name)),
+        ), name
+
+
+def _outside_generated_blocks(text: str) -> str:
+    from fullthrottle.bench.suite import DOCS_BEGIN, DOCS_END
+
+    while DOCS_BEGIN in text and DOCS_END in text:
+        text = text.split(DOCS_BEGIN, 1)[0] + text.split(DOCS_END, 1)[1]
+    return text
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_docs_document_and_keep_no_journal(path):
+    # Dated entries, session notes and issue markers belong in commit messages; a measured
+    # figure says on what machine, not when. The generated results block names its runs' times.
+    text = _outside_generated_blocks(path.read_text(encoding="utf-8"))
+    journal = re.compile(
+        r"\b20\d\d-\d\d-\d\d\b|\b\d{1,2}:\d\d UTC\b|\bthis (session|evening|morning|afternoon)\b"
+        r"|\bissue \d+\b",
+        re.IGNORECASE,
+    )
+    found = [
+        f"{path.name}:{number}: {match.group(0)}"
+        for number, line in enumerate(text.splitlines(), start=1)
+        for match in journal.finditer(line)
+    ]
+    assert not found, found
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of a Markdown file."""
+    anchors, in_block = set(), False
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.lstrip().startswith("```"):
+            in_block = not in_block
+        elif not in_block and line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            anchors.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])
+def test_links_in_the_docs_resolve(path):
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target):
+            continue  # https:, mailto: ...
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file).resolve() if file else path
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+            broken.append(target)
+    assert not broken, f"{path.name}: links to nothing: {broken}"

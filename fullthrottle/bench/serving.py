@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Output files of the servers `start_server` started, by process id, until `stop_server`.
 _SERVER_LOGS: dict[int, Any] = {}
 
@@ -63,7 +63,7 @@ def start_server(
         command += ["--set", override]
     # The server's output goes to an unnamed temporary file, never to a pipe: a pipe nobody reads
     # fills up (64 KiB) and the server then blocks in its next log write, on the event loop
-    # thread, so every request hangs. Measured here: that was the "hot swap hangs" failure.
+    # thread, so every request hangs (seen as hot swaps that never finished).
     log_file = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
     process = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True

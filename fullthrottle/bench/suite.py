@@ -1,4 +1,5 @@
-"""The benchmark suite: runs every benchmark, writes ``<results>/<timestamp>.json`` and ``.md``.
+"""The benchmark suite: runs every benchmark, writes ``<results>/<timestamp>.json`` and ``.md``
+and merges the run's readings into ``<results>/LATEST.json`` and ``LATEST.md``.
 
 Sizes differ between modes only in how much is measured (``Sizes``); the code path is the
 same. Each benchmark's failure is recorded in the results (and shown in the table) instead of
@@ -44,32 +45,31 @@ class Sizes:
     """How much each benchmark measures."""
 
     repeats: int = 5
-    # Tabular windows are ~1.1 s: more of them cost little and steady the paired median (5 gave
-    # paired ratios anywhere in 0.93-1.00 for the same code on this shared machine; 15 gave
-    # paired medians of 0.959-1.003 in nine runs of the same code on 2026-12-01, about one pair
-    # in ten below 0.9, when the machine's state flipped between its two windows; 25 gave
-    # 0.953-1.016 in seven runs of the same code, pooled median 0.992 over their 175 pairs).
+    # Tabular windows are ~1.1 s: more of them cost little and steady the paired median. On a
+    # shared 2-core machine the same code gave paired ratios anywhere in 0.93-1.00 with 5;
+    # paired medians of 0.959-1.003 over nine runs with 15 (about one pair in ten below 0.9,
+    # when the machine's state flipped between its two windows); 0.953-1.016 over seven with 25.
     tabular_repeats: int = 40
     transformer_window_steps: int = 50
     # When set, the Transformer's windows are this many seconds of ours instead (steps from
     # ours' step time measured after its warm-up; at least 2): a float32 step took 0.47 s on an
-    # AVX2-only EPYC and a bf16 step 0.08 s on an AVX512_BF16 one (2026-12-01), so a fixed step
-    # count cannot keep quick mode under 5 minutes on both.
+    # AVX2-only EPYC and a bf16 step 0.08 s on an AVX512_BF16 one, so a fixed step count cannot
+    # keep quick mode under 5 minutes on both.
     transformer_window_seconds: float | None = None
     # Tabular steps take ~0.22 ms: 5,000 steps are ~1.1 s per window (1,000 steps swung +-10%).
     tabular_window_steps: int = 5000
     # The tabular `fit` baseline's window (None = tabular_window_steps): at ~75k examples/s its
-    # 5,000 steps took ~4.3 s of each repetition; its ratio (~3.6x against a 2x line) needs no
+    # 5,000 steps took ~4.3 s of each repetition; its ratio (~4-5x, no target on it) needs no
     # more, and half of it pays for the extra repetitions above.
     tabular_baseline_window_steps: int | None = 2500
     # Tabular input efficiency's own pairs, after the repetitions above: ours and in-memory
     # alone, alternated, in windows of tabular_input_window_steps; the ratio is taken over these
     # and the repetitions' pairs together. Its paired ratios spread about +-10% (sd) on the
     # AVX2-only EPYC whatever the window's length (5,000 steps: 0.82-1.29 over 40 pairs; 2,000
-    # steps: 90% intervals +-2.4-4.8% over 60 pairs, 2026-12-01), so the interval narrows with
-    # the number of pairs, and short windows buy them cheapest: 120 pairs of 2,000 steps are
-    # ~250 s there. 40 pairs gave intervals ~0.06 wide. The interval covers one run's windows
-    # only: two runs of 160 pairs gave [0.975-0.998] and [0.938-0.977] (docs/performance.md).
+    # steps: 90% intervals +-2.4-4.8% over 60 pairs), so the interval narrows with the number
+    # of pairs, and short windows buy them cheapest: 120 pairs of 2,000 steps are ~250 s there.
+    # 40 pairs gave intervals ~0.06 wide. The interval covers one run's windows only: two runs
+    # of 160 pairs in one process each gave [0.975-0.998] and [0.938-0.977].
     # So the pairs are spread over processes, the run being a unit of its own: the tabular
     # model's process takes tabular_input_pairs after its repetitions, and each of
     # tabular_input_processes more fresh processes (a new model and input pipelines: ~6 s more
@@ -82,8 +82,8 @@ class Sizes:
     # Steps each Transformer contender runs before its windows (None = one loop of the config's
     # steps_per_loop, as for the tabular model, whose 50 steps take ~20 ms). The first step
     # traces the loop. Quick mode takes 3: at 0.47 s per float32 step (AMD EPYC without
-    # AVX512, 2026-12-01), cutting four contenders' 50-step warm-ups to 3 took the quick suite
-    # from 620 to 498 s.
+    # AVX512), cutting four contenders' 50-step warm-ups to 3 took the quick suite from 620 to
+    # 498 s.
     transformer_warmup_steps: int | None = None
     # The fused-kernels lever, side by side (Transformer only; no target rides on it). Quick mode
     # leaves it out: its build, tracing and windows were an estimated ~12 s (not measured on
@@ -96,15 +96,15 @@ class Sizes:
     ceiling_iterations: int = 10
     # Tabular steps take ~0.3 ms: 20k steps are ~5-10 s of training per sample (200 steps were
     # ~0.1 s and gave ratios anywhere in 0.78-1.10; 20k still spread over 0.93-1.02). The
-    # overhead is ~1% (standalone, 2026-11-30) while one contender's samples spread +-8% on this
-    # machine: 5 reps gave paired medians of 0.95-1.02 for the same code, 9 reps 0.970-1.014
-    # over four full runs (2026-11-30). 13 cost ~100 s more than 9.
+    # overhead is ~1% measured standalone, while one contender's samples spread +-8% on a shared
+    # 2-core machine: 5 reps gave paired medians of 0.95-1.02 for the same code, 9 reps
+    # 0.970-1.014 over four full runs. 13 cost ~100 s more than 9.
     tracking_train_steps: int = 20_000
     tracking_repeats: int = 13
     # Traced vs eager periodic saves (training.traced_checkpoint_saves), real `train()` on the
     # tabular data at the default cadence. 12 pairs of 5,000 steps measured 1.29x paired
-    # [1.16-1.39] standalone (2026-12-01, AVX2-only EPYC); 0 skips it (quick mode: a lever, no
-    # target rides on it, and quick mode has no time to spare on that machine).
+    # [1.16-1.39] standalone on the AVX2-only EPYC; 0 skips it (quick mode: a lever, no target
+    # rides on it, and quick mode has no time to spare on that machine).
     checkpoint_train_steps: int = 5000
     checkpoint_repeats: int = 9
     beam_rows: tuple[int, ...] = (250_000, 500_000, 1_000_000)
@@ -118,12 +118,12 @@ class Sizes:
 FULL = Sizes()
 # Quick mode (< 5 minutes on 2 shared cores): the same benchmarks, less of each, except Beam
 # scaling, which it skips: its one quick point (5k rows, 1 worker) measured worker and pipeline
-# start-up only (101 rows/s, 70 s of a 498 s quick suite on an AVX2-only EPYC, 2026-12-01); the
-# pipeline row gives ExampleGen's and Transform's seconds on the bundled data. The pipeline
-# trains 100 steps, tracking 2,000 (2 pairs); Transformer windows are ~1.5 s of ours. The
-# suite took 290 s there on 2026-12-01 14:35 (5:01 for the command) with 3 tracking pairs and
-# 10-matmul ceilings; 2 pairs and 4 matmuls took it to 280 s (4:52), and the tabular `fit`
-# window of 500 steps (1,000 before; its ratio is ~5x, no target) saves ~1.4 s a repetition.
+# start-up only (101 rows/s, 70 s of a 498 s quick suite on an AVX2-only EPYC); the pipeline
+# row gives ExampleGen's and Transform's seconds on the bundled data. The pipeline trains 100
+# steps, tracking 2,000 (2 pairs); Transformer windows are ~1.5 s of ours. On that machine the
+# suite took 290 s (5:01 for the command) with 3 tracking pairs and 10-matmul ceilings, 280 s
+# (4:52) with 2 pairs and 4 matmuls; a tabular `fit` window of 500 steps instead of 1,000 (its
+# ratio is ~5x, no target) saves ~1.4 s a repetition more.
 QUICK = Sizes(
     repeats=3,
     tabular_repeats=5,
@@ -251,8 +251,8 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
     # Ours and in-memory back to back in every repetition, which of them first flipping every
     # rotation (`alternate(side_by_side=...)`): a paired ratio is only as good as the two windows
     # are close in time. With `fit` between them, the tabular paired ratios' middle half spanned
-    # ~0.085 (seven runs of 25 pairs); side by side 0.058 (60 pairs). Until 2026-12-01 20:25 plain
-    # rotation put ours right after the matmul ceiling in 3 of 4 repetitions, in-memory in 1.
+    # ~0.085 (seven runs of 25 pairs); side by side 0.058 (60 pairs). Plain rotation would also
+    # put ours right after the matmul ceiling in 3 of 4 repetitions, in-memory in 1.
     contenders = {
         "ours": lambda: ours.measure(window),
         "ours_in_memory": lambda: memory.measure(window),
@@ -483,9 +483,9 @@ def measure_model_in_process(
 
     A user's Trainer trains one model alone in its process, and so is each model measured: in
     one process the tabular model, measured after the Transformer, ran at 0.93-0.96x input
-    efficiency against 0.98-1.01x alone on the same data (docs/performance.md); whatever the
-    Transformer's contenders leave behind (threads, allocator state, traced functions) should
-    not be charged to the next model. The request goes by pickle, the result comes back as JSON.
+    efficiency against 0.98-1.01x alone on the same data; whatever the Transformer's contenders
+    leave behind (threads, allocator state, traced functions) should not be charged to the next
+    model. The request goes by pickle, the result comes back as JSON.
     """
     request = {"data": data, "config": config, "sizes": sizes, "window": window, "name": name}
     return _in_process(work / f"trainer-{name}", request, f"the {name} trainer benchmark process")
@@ -905,9 +905,28 @@ def verdict_text(t: dict[str, Any] | None) -> str:
 
 
 def markdown_table(document: dict[str, Any]) -> str:
-    """The results as Markdown: one row per comparison, ratios first (absolutes are noisy)."""
-    r = document["results"]
-    target_of = {t["name"]: t for t in document["targets"]}
+    """One run's results as Markdown: the run and its machine, then :func:`results_table`."""
+    m = document["machine"]
+    header = (
+        f"results of `fullthrottle bench` ({document['mode']}), {document['date']}, commit {document['git_commit']}\n"
+        f"machine: {machine_text(m)}; suite {document['suite_seconds']:.0f} s\n"
+    )
+    return header + "\n" + results_table(document["results"], document["targets"])
+
+
+def machine_text(m: dict[str, Any]) -> str:
+    """The machine a reading was taken on, as the tables name it."""
+    return (
+        f"{m['cpu']}, {m['cpu_count']} cores, bf16 {m['cpu_bf16']}, GPUs {m['gpus'] or 'none'}, "
+        f"TensorFlow {m['tensorflow']}"
+    )
+
+
+def results_table(results: dict[str, Any], verdicts: list[dict[str, Any]]) -> str:
+    """Results as a Markdown table: one row per comparison, ratios first (absolutes are noisy),
+    each target's verdict (an entry of :func:`targets`) beside its ratio."""
+    r = results
+    target_of = {t["name"]: t for t in verdicts}
 
     def verdict(name: str) -> str:
         return verdict_text(target_of.get(name))
@@ -1037,17 +1056,23 @@ def markdown_table(document: dict[str, Any]) -> str:
             rows.append(f"| {name}: FAILED | {part['error'][:200]} | | |")
         elif isinstance(part, dict) and "skipped" in part:
             rows.append(f"| {name}: skipped | {part['skipped']} | | |")
-    m = document["machine"]
-    header = (
-        f"results of `fullthrottle bench` ({document['mode']}), {document['date']}, commit {document['git_commit']}\n"
-        f"machine: {m['cpu']}, {m['cpu_count']} cores, bf16 {m['cpu_bf16']}, GPUs {m['gpus'] or 'none'}, "
-        f"TensorFlow {m['tensorflow']}; suite {document['suite_seconds']:.0f} s\n"
-    )
-    return header + "\n" + "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n"
+
+
+# ------------------------------------------------------------------------------ results files
+# `<results>/LATEST.json`: the newest reading of each benchmark across runs, each with where it
+# came from; `LATEST.md` is rendered from it. They are the results the docs show.
+LATEST = "LATEST"
+# The docs page that shows LATEST.md, between these two lines (`embed_latest`).
+DOCS_PAGE = REPO / "docs" / "performance.md"
+DOCS_BEGIN = "<!-- begin bench/results/LATEST.md: written by `fullthrottle bench`, do not edit -->"
+DOCS_END = "<!-- end bench/results/LATEST.md -->"
 
 
 def write_results(document: dict[str, Any], results_dir: Path) -> tuple[Path, Path]:
-    """``<results_dir>/<timestamp>.json`` and ``.md``; never overwrites an existing result."""
+    """``<results_dir>/<timestamp>.json`` and ``.md`` (never overwriting an existing result),
+    then ``LATEST.json`` and ``LATEST.md`` updated with this run's readings (:func:`update_latest`).
+    Returns the run's two files."""
     results_dir.mkdir(parents=True, exist_ok=True)
     stamp = document["date"].replace(":", "").replace("+0000", "Z")
     stem = stamp
@@ -1058,4 +1083,92 @@ def write_results(document: dict[str, Any], results_dir: Path) -> tuple[Path, Pa
     json_path, md_path = results_dir / f"{stem}.json", results_dir / f"{stem}.md"
     json_path.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
     md_path.write_text(markdown_table(document), encoding="utf-8")
+    update_latest(results_dir, document, results_file=stem)
     return json_path, md_path
+
+
+def merge_latest(
+    latest: dict[str, Any] | None, document: dict[str, Any], *, results_file: str
+) -> dict[str, Any]:
+    """``latest`` (a ``LATEST.json`` document, or None) with the readings of one run's
+    ``document`` (written as ``<results_file>.json``) in place of the earlier ones.
+
+    A benchmark the run did not select keeps its earlier reading; one it skipped (quick mode's
+    Beam scaling and checkpoint lever) is no reading and keeps it too; one that failed is the
+    newest reading of that benchmark, and replaces it. Each benchmark's ``provenance`` names
+    the run it came from; the targets are judged again over the merged results.
+    """
+    results = dict(latest["results"]) if latest else {}
+    provenance = dict(latest["provenance"]) if latest else {}
+    for name, part in document["results"].items():
+        if isinstance(part, dict) and "skipped" in part:
+            continue
+        results[name] = part
+        provenance[name] = {
+            "results_file": results_file,
+            "date": document["date"],
+            "mode": document["mode"],
+            "command": document["command"],
+            "git_commit": document["git_commit"],
+            "machine": document["machine"],
+        }
+    order = [name for name in BENCHMARKS if name in results]
+    order += sorted(set(results) - set(order))
+    merged = {name: results[name] for name in order}
+    return {
+        "results": merged,
+        "provenance": {name: provenance[name] for name in order},
+        "targets": targets(merged),
+    }
+
+
+def latest_markdown(latest: dict[str, Any]) -> str:
+    """``LATEST.md``: which run each benchmark's reading comes from, then :func:`results_table`."""
+    rows = [
+        "latest reading of each benchmark of `fullthrottle bench` (bench/results/LATEST.json)",
+        "",
+        "| benchmark | results file | mode | commit | finished (UTC) | seconds | machine |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, source in latest["provenance"].items():
+        seconds = latest["results"][name].get("bench_seconds")
+        rows.append(
+            f"| {name} | {source['results_file']} | {source['mode']} | {source['git_commit']} | "
+            f"{source['date']} | {'' if seconds is None else f'{seconds:.0f}'} | "
+            f"{machine_text(source['machine'])} |"
+        )
+    return "\n".join(rows) + "\n\n" + results_table(latest["results"], latest["targets"])
+
+
+def update_latest(
+    results_dir: Path, document: dict[str, Any], *, results_file: str
+) -> tuple[Path, Path]:
+    """Merges ``document`` into ``<results_dir>/LATEST.json`` (:func:`merge_latest`) and renders
+    ``LATEST.md`` from the file as written. Returns both paths."""
+    json_path, md_path = results_dir / f"{LATEST}.json", results_dir / f"{LATEST}.md"
+    earlier = json.loads(json_path.read_text(encoding="utf-8")) if json_path.exists() else None
+    latest = merge_latest(earlier, document, results_file=results_file)
+    _replace(json_path, json.dumps(latest, indent=2, default=str) + "\n")
+    # Rendered from the JSON as read back, so LATEST.md is exactly what its JSON renders to.
+    _replace(md_path, latest_markdown(json.loads(json_path.read_text(encoding="utf-8"))))
+    return json_path, md_path
+
+
+def embed_latest(page: str, latest_md: str) -> str:
+    """``page`` (Markdown) with the text between its ``DOCS_BEGIN`` and ``DOCS_END`` lines
+    replaced by ``latest_md`` (``LATEST.md``'s text)."""
+    begin, end = page.find(DOCS_BEGIN), page.find(DOCS_END)
+    if begin < 0 or end < begin:
+        raise ValueError(
+            f"the page has no generated block: it needs a line {DOCS_BEGIN!r} and, after it, "
+            f"a line {DOCS_END!r}"
+        )
+    # Blank lines around the table: a Markdown table runs on into the next line otherwise.
+    return page[: begin + len(DOCS_BEGIN)] + "\n\n" + latest_md + "\n" + page[end:]
+
+
+def _replace(path: Path, text: str) -> None:
+    """Writes ``path`` whole or not at all (a ``.tmp`` sibling renamed over it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)

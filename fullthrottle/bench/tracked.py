@@ -1,16 +1,15 @@
-"""Tracking overhead, measured the way the performance benchmark needs it.
+"""The real ``train()`` run the way the tracking and checkpoint benchmarks time it.
 
-`train_tracked(train_kwargs, tracking_uri=...)` runs the training library's `train()` once with
-the MLflow hook attached to a fresh parent run (or without any hook when `tracking_uri` is None)
-and returns the wall seconds and the result. `measure_overhead` alternates the two, so that
-machine noise hits both alike, and reports the relative overhead (target: < 2%).
+`train_tracked(train_kwargs, tracking_uri=...)` runs the training library's `train()` once in a
+fresh work dir, with the MLflow hook attached to a fresh parent run (or without any hook when
+`tracking_uri` is None), and returns the wall seconds and the result; the benchmarks
+(``fullthrottle.bench.trainer.tracking_rates``, ``checkpoint_rates``) alternate such runs.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from collections.abc import Mapping
@@ -73,19 +72,3 @@ def train_tracked(
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
     return seconds, result
-
-
-def measure_overhead(
-    train_kwargs: Mapping[str, Any], *, tracking_uri: str, repeats: int = 3
-) -> dict[str, Any]:
-    """Median wall seconds with and without tracking, alternated; overhead = on/off - 1."""
-    off, on = [], []
-    train_tracked(train_kwargs, tracking_uri=None)  # warm-up: imports, first tracing
-    for _ in range(repeats):
-        off.append(train_tracked(train_kwargs, tracking_uri=None)[0])
-        on.append(train_tracked(train_kwargs, tracking_uri=tracking_uri)[0])
-    return {
-        "seconds_off": off,
-        "seconds_on": on,
-        "overhead": statistics.median(on) / statistics.median(off) - 1.0,
-    }

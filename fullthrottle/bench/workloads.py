@@ -24,10 +24,10 @@ from trainer_module.training import ModelInputs, TrainingConfig
 
 # The Transformer benchmark's shape: BERT-mini's width (d_model 256, 4 heads, FFN 1024; Turc et
 # al. 2019) with 2 of its 4 layers (quick runs on 2 cores), sequence 128, batch 64, dropout 0.1,
-# on the bundled text data; the same model for both contenders. Chosen over the earlier
-# d_model 128 / FFN 512 shape because a realistic small-BERT width gives matmuls large enough
-# for oneDNN to run near the machine's ceiling; at d_model 128 the step is dominated by
-# element-wise ops (measured: docs/performance.md).
+# on the bundled text data; the same model for both contenders. A realistic small-BERT width
+# gives matmuls large enough for oneDNN to run near the machine's ceiling; at d_model 128 /
+# FFN 512 the step was dominated by element-wise ops (dropout RNG, GELU, casts), which no
+# trainer can fix and which says little about real models.
 TRANSFORMER_DATA = DataSpec(
     path="bundled:text_topics",
     label="topic",
@@ -196,56 +196,3 @@ def raw_eval_examples(pipeline_root: str, *, label: str, limit: int) -> Sequence
         del example.features.feature[label]
         out.append(example.SerializeToString())
     return out
-
-
-def write_synthetic_training_data(
-    directory: Path,
-    *,
-    rows: int,
-    numeric: int = 4,
-    seq_len: int = 0,
-    vocab: int = 50,
-    seed: int = 0,
-) -> TrainingData:
-    """Transformed-looking data without a pipeline (tests of the benchmark code): gzip TFRecords
-    of ``numeric`` float features, optionally one token-id sequence, a 3-class label."""
-    import numpy as np
-    import tensorflow as tf
-    from tensorflow_transform.tf_metadata import schema_utils
-
-    rng = np.random.default_rng(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    split = directory / "Split-train"
-    split.mkdir(exist_ok=True)
-    path = split / "data.gz"
-    names = [f"x{i}_xf" for i in range(numeric)]
-    with tf.io.TFRecordWriter(str(path), options="GZIP") as writer:
-        for _ in range(rows):
-            label = int(rng.integers(3))
-            feature = {
-                n: tf.train.Feature(
-                    float_list=tf.train.FloatList(value=[float(rng.normal() + label)])
-                )
-                for n in names
-            }
-            feature["label_xf"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))
-            if seq_len:
-                ids = rng.integers(1, vocab, size=seq_len).tolist()
-                feature["text_xf"] = tf.train.Feature(int64_list=tf.train.Int64List(value=ids))
-            writer.write(
-                tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
-            )
-    spec: dict[str, Any] = {n: tf.io.FixedLenFeature([], tf.float32) for n in names}
-    spec["label_xf"] = tf.io.FixedLenFeature([], tf.int64)
-    text = {}
-    if seq_len:
-        spec["text_xf"] = tf.io.FixedLenFeature([seq_len], tf.int64)
-        text = {"text_xf": (vocab, seq_len)}
-    return TrainingData(
-        name="synthetic",
-        train_files=(str(path),),
-        examples_uri=str(directory),
-        feature_spec=spec,
-        schema=schema_utils.schema_from_feature_spec(spec),
-        model_inputs=ModelInputs(numeric=tuple(names), text=text, label="label_xf", num_classes=3),
-    )

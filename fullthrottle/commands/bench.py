@@ -16,11 +16,13 @@ def register(sub: Any) -> argparse.ArgumentParser:
         "bench",
         help="benchmark the Trainer against the TFX-example trainer and the machine's limits",
         description=(
-            "Measures, in one process, alternating the contenders: our Trainer vs a TFX-example "
+            "Measures, alternating the contenders window by window: our Trainer vs a TFX-example "
             "`model.fit` trainer (Transformer and tabular), model FLOPs utilization against a "
             "measured matmul ceiling, input efficiency, our reader vs tfx_bsl, MLflow tracking "
             "overhead, Beam ExampleGen+Transform scaling, per-component pipeline time and the "
-            "serving benchmark. Writes <results-dir>/<timestamp>.json and .md and prints the table."
+            "serving benchmark. Writes <results-dir>/<timestamp>.json and .md, merges the run's "
+            "readings into <results-dir>/LATEST.json and LATEST.md (and, for the repo's "
+            "bench/results, the table in docs/performance.md) and prints the table."
         ),
         epilog=(
             "Examples:\n"
@@ -51,8 +53,12 @@ def register(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fullthrottle.bench.suite import (
         BENCHMARKS,
+        DOCS_PAGE,
         FULL,
+        LATEST,
         QUICK,
+        REPO,
+        embed_latest,
         markdown_table,
         run_suite,
         write_results,
@@ -77,6 +83,15 @@ def run(args: argparse.Namespace) -> int:
     json_path, md_path = write_results(document, results_dir)
     print(markdown_table(document))
     print(f"results: {json_path} and {md_path}")
+    latest = results_dir / f"{LATEST}.md"
+    print(f"latest reading of each benchmark: {latest}")
+    # The docs show the repo's latest results; a run written elsewhere leaves them alone.
+    if results_dir.resolve() == (REPO / "bench" / "results").resolve() and DOCS_PAGE.exists():
+        page = DOCS_PAGE.read_text(encoding="utf-8")
+        DOCS_PAGE.write_text(
+            embed_latest(page, latest.read_text(encoding="utf-8")), encoding="utf-8"
+        )
+        print(f"updated the latest results in {DOCS_PAGE}")
     failed = [name for name, part in document["results"].items() if "error" in part]
     if failed and document["work_dir"]:
         print(f"work folder (runs, data, logs of the failed benchmarks): {document['work_dir']}")

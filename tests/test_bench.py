@@ -456,18 +456,28 @@ def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path)
     )
     results = tmp_path / "results"
     first, _ = suite.write_results(full, results)
-    # A later `--quick --only tracking --only beam`: tracking measured again, Beam skipped.
+    # A later `--only tracking --only beam` where Beam was skipped: tracking measured again.
     met = _tracking_reading([0.99 + 0.001 * i for i in range(13)])  # decided: met
     partial = _run_document(
-        {"tracking": met, "beam": {"skipped": "quick mode", "bench_seconds": 0.0}},
+        {"tracking": met, "beam": {"skipped": "no workers", "bench_seconds": 0.0}},
         date="2030-01-02T10:00:00+00:00",
         commit="bbbbbbb",
-        mode="quick",
+        mode="full",
         bf16=False,
     )
     second, _ = suite.write_results(partial, results)
     assert (first.stem, second.stem) == ("2030-01-01T100000Z", "2030-01-02T100000Z")
     assert first.exists() and second.exists()  # each run keeps its own file
+    # A quick run's reading is written to its own file but never replaces a full reading.
+    quick = _run_document(
+        {"tracking": missed},
+        date="2030-01-02T11:00:00+00:00",
+        commit="qqqqqqq",
+        mode="quick",
+        bf16=False,
+    )
+    third, _ = suite.write_results(quick, results)
+    assert third.exists()
 
     latest = json.loads((results / "LATEST.json").read_text())
     assert latest["results"] == {"tracking": met, "beam": beam}  # Beam's earlier reading stays
@@ -476,7 +486,7 @@ def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path)
         source["beam"]["results_file"] == first.stem and source["beam"]["git_commit"] == "aaaaaaa"
     )
     assert source["tracking"]["results_file"] == second.stem
-    assert (source["tracking"]["git_commit"], source["tracking"]["mode"]) == ("bbbbbbb", "quick")
+    assert (source["tracking"]["git_commit"], source["tracking"]["mode"]) == ("bbbbbbb", "full")
     assert source["beam"]["machine"]["cpu_bf16"] is True
     assert source["tracking"]["machine"]["cpu_bf16"] is False
     assert source["tracking"]["date"] == "2030-01-02T10:00:00+00:00"
@@ -490,7 +500,7 @@ def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path)
     assert text == suite.latest_markdown(latest)
     assert suite.results_table(latest["results"], latest["targets"]) in text
     assert "| beam | 2030-01-01T100000Z | full | aaaaaaa | 2030-01-01T10:00:00+00:00 | 5 |" in text
-    assert "| tracking | 2030-01-02T100000Z | quick | bbbbbbb |" in text
+    assert "| tracking | 2030-01-02T100000Z | full | bbbbbbb |" in text
     assert "Beam: ExampleGen + Transform, 120 rows, 1 worker(s)" in text
     assert ">= 0.98: met |" in text
 

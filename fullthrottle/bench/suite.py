@@ -1095,13 +1095,17 @@ def merge_latest(
 
     A benchmark the run did not select keeps its earlier reading; one it skipped (quick mode's
     Beam scaling and checkpoint lever) is no reading and keeps it too; one that failed is the
-    newest reading of that benchmark, and replaces it. Each benchmark's ``provenance`` names
-    the run it came from; the targets are judged again over the merged results.
+    newest reading of that benchmark, and replaces it. A quick run's reading never replaces a
+    full run's (quick windows are a smoke test, not a measurement to publish). Each benchmark's
+    ``provenance`` names the run it came from; the targets are judged again over the merged
+    results.
     """
     results = dict(latest["results"]) if latest else {}
     provenance = dict(latest["provenance"]) if latest else {}
     for name, part in document["results"].items():
         if isinstance(part, dict) and "skipped" in part:
+            continue
+        if document["mode"] == "quick" and provenance.get(name, {}).get("mode") == "full":
             continue
         results[name] = part
         provenance[name] = {

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from fullthrottle.core.errors import ConfigError, TrainingConfigError
+from fullthrottle.core.errors import ConfigError
 from trainer_module.training.config import TrainingConfig
 
 BUNDLED_PENGUINS = "palmerpenguins"
@@ -327,21 +327,22 @@ class StepResources:
             value = getattr(self, name)
             if value is not None and not _CPU_QUANTITY.match(value):
                 raise ConfigError(
-                    f"`{name}` must be a CPU quantity like '2', '0.5' or '500m', got {value!r}"
+                    f"must be a CPU quantity like '2', '0.5' or '500m', got {value!r}", field=name
                 )
         for name in ("memory_request", "memory_limit"):
             value = getattr(self, name)
             if value is not None and not _MEMORY_QUANTITY.match(value):
                 raise ConfigError(
-                    f"`{name}` must be a memory quantity like '512Mi' or '16Gi', got {value!r}"
+                    f"must be a memory quantity like '512Mi' or '16Gi', got {value!r}", field=name
                 )
         if self.accelerator_count is not None and self.accelerator_count < 0:
             raise ConfigError(
-                f"`accelerator_count` must be >= 0 (0 = no accelerator), got {self.accelerator_count}"
+                f"must be >= 0 (0 = no accelerator), got {self.accelerator_count}",
+                field="accelerator_count",
             )
         if self.accelerator_type is not None and not self.accelerator_type.strip():
             raise ConfigError(
-                "`accelerator_type` must name a resource like 'nvidia.com/gpu', got ''"
+                "must name a resource like 'nvidia.com/gpu', got ''", field="accelerator_type"
             )
 
     def over(self, base: StepResources) -> StepResources:
@@ -416,18 +417,21 @@ class TFJobConfig:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise ConfigError(
-                f"`workers` must be >= 1 (the chief counts as one), got {self.workers}"
+                f"must be >= 1 (the chief counts as one), got {self.workers}", field="workers"
             )
         if self.timeout_minutes <= 0:
-            raise ConfigError(f"`timeout_minutes` must be > 0, got {self.timeout_minutes}")
+            raise ConfigError(f"must be > 0, got {self.timeout_minutes}", field="timeout_minutes")
         if self.poll_seconds <= 0:
-            raise ConfigError(f"`poll_seconds` must be > 0, got {self.poll_seconds}")
+            raise ConfigError(f"must be > 0, got {self.poll_seconds}", field="poll_seconds")
         if self.clean_pod_policy not in ("None", "Running", "All"):
             raise ConfigError(
-                f"`clean_pod_policy` must be 'None', 'Running' or 'All', got {self.clean_pod_policy!r}"
+                f"must be 'None', 'Running' or 'All', got {self.clean_pod_policy!r}",
+                field="clean_pod_policy",
             )
         if self.image is not None and (not self.image or any(c.isspace() for c in self.image)):
-            raise ConfigError(f"`image` must be a container image reference, got {self.image!r}")
+            raise ConfigError(
+                f"must be a container image reference, got {self.image!r}", field="image"
+            )
 
 
 @dataclass(frozen=True)
@@ -457,28 +461,33 @@ class KubeflowConfig:
 
     def __post_init__(self) -> None:
         if not self.image or any(c.isspace() for c in self.image):
-            raise ConfigError(f"`image` must be a container image reference, got {self.image!r}")
+            raise ConfigError(
+                f"must be a container image reference, got {self.image!r}", field="image"
+            )
         for name in ("pipeline_root", "input_base", "serving_dir"):
             if not getattr(self, name):
                 raise ConfigError(
-                    f"`{name}` must not be empty: give a gs://, s3:// URI or a volume path"
+                    "must not be empty: give a gs://, s3:// URI or a volume path", field=name
                 )
         if not _DNS_LABEL.match(self.namespace):
             raise ConfigError(
-                f"`namespace` must be a Kubernetes namespace name, got {self.namespace!r}"
+                f"must be a Kubernetes namespace name, got {self.namespace!r}", field="namespace"
             )
         flags = {arg.split("=", 1)[0] for arg in self.beam_args}
         for arg in self.beam_args:
             if not arg.startswith("--"):
-                raise ConfigError(f"`beam_args` entries must look like --flag=value, got {arg!r}")
+                raise ConfigError(
+                    f"entries must look like --flag=value, got {arg!r}", field="beam_args"
+                )
             if arg.startswith("--runner="):
                 runner = arg.split("=", 1)[1]
                 missing = [f for f in BEAM_RUNNER_REQUIRED_ARGS.get(runner, ()) if f not in flags]
                 if missing:
                     raise ConfigError(
-                        f"`beam_args` selects {runner} but lacks {', '.join(missing)}: add "
+                        f"selects {runner} but lacks {', '.join(missing)}: add "
                         + ", ".join(f"{f}=..." for f in missing)
-                        + " (see docs/scaling.md)"
+                        + " (see docs/scaling.md)",
+                        field="beam_args",
                     )
 
 
@@ -633,23 +642,12 @@ def build_dataclass(cls: type, data: Mapping[str, Any], where: str = "") -> Any:
         kwargs[key] = _convert(value, hints[key], path)
     try:
         return cls(**kwargs)
-    except TrainingConfigError as exc:
-        message = str(exc)
-        if where and f"`{where}." not in message:
-            # "`per_replica_batch_size` must be > 0" -> "`training.per_replica_batch_size` must be > 0"
-            fields = {f.name for f in dataclasses.fields(cls)}
-            qualified = re.sub(
-                r"`([A-Za-z_][A-Za-z0-9_]*)",
-                lambda m: f"`{where}.{m.group(1)}" if m.group(1) in fields else m.group(0),
-                message,
-                count=1,
-            )
-            if qualified == message:
-                qualified = f"in `{where}`: {message}"
-            raise ConfigError(qualified) from None
-        if not isinstance(exc, ConfigError):
-            raise ConfigError(str(exc)) from None
-        raise
+    except ConfigError as exc:
+        if not where or f"`{where}" in str(exc):
+            raise
+        if exc.field:
+            raise ConfigError(exc.message, field=f"{where}.{exc.field}") from None
+        raise ConfigError(f"in `{where}`: {exc}") from None
 
 
 def _closest(name: str, candidates: set[str]) -> str | None:
@@ -728,7 +726,7 @@ def load_config(
         data = _deep_merge(data, parse_override(text))
     try:
         return build_dataclass(Config, data)
-    except TrainingConfigError as exc:
+    except ConfigError as exc:
         if path is not None:
             raise ConfigError(f"{path}: {exc}") from None
         raise

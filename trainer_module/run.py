@@ -60,12 +60,12 @@ def _expand(patterns: list[str]) -> list[str]:
 
 def run_fn(fn_args: Any) -> None:
     """Called by TFX's Trainer (GenericExecutor)."""
-    from fullthrottle.core.config import build_dataclass
+    from fullthrottle.core.config import validate_section
     from fullthrottle.core.features import data_spec_from_custom_config
 
     custom = fn_args.custom_config or {}
     spec = data_spec_from_custom_config(custom)
-    training = build_dataclass(TrainingConfig, custom.get("training", {}), "training")
+    training = validate_section(TrainingConfig, custom.get("training", {}), where="training")
     if fn_args.train_steps:
         training = dataclasses.replace(training, train_steps=int(fn_args.train_steps))
 

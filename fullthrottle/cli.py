@@ -1,8 +1,9 @@
 """The `fullthrottle` command line.
 
 Each subcommand lives in `fullthrottle.commands.<name>` with `register(subparsers)` and a
-`run(args) -> int`. Errors derived from `FullthrottleError` are printed as one paragraph for
-people and exit with status 2; `--debug` shows the stack trace instead.
+`run(args) -> int`. Errors meant for people (`fullthrottle.core.errors.USER_ERRORS`: ours and
+the training library's, `ConfigError` among them) are printed as one paragraph and exit with
+status 2; `--debug` shows the stack trace instead.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kfp.pipeline_spec import pipeline_spec_pb2
+from kubernetes.utils import parse_quantity
 
 from fullthrottle.core.config import Config, StepResources
 from fullthrottle.core.errors import ConfigError
@@ -200,19 +201,12 @@ def executor_label_of(
 
 
 def _cpu_number(quantity: str) -> float:
-    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
-
-
-_MEMORY_FACTORS = {
-    "": 1e-9, "K": 1e3 / 1e9, "M": 1e6 / 1e9, "G": 1.0, "T": 1e3, "P": 1e6, "E": 1e9,
-    "Ki": 2**10 / 1e9, "Mi": 2**20 / 1e9, "Gi": 2**30 / 1e9, "Ti": 2**40 / 1e9, "Pi": 2**50 / 1e9, "Ei": 2**60 / 1e9,
-}  # fmt: skip
+    return float(parse_quantity(quantity))
 
 
 def _memory_gb(quantity: str) -> float:
     """In GB (10^9 bytes), the unit of the deprecated numeric fields (as KFP's compiler does)."""
-    number = quantity.rstrip("EPTGMKi")
-    return float(number) * _MEMORY_FACTORS[quantity[len(number) :]]
+    return float(parse_quantity(quantity)) / 1e9
 
 
 def resource_spec(resources: StepResources) -> ContainerSpec.ResourceSpec:

@@ -12,9 +12,9 @@ from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from fullthrottle import cli
-from fullthrottle.core.config import load_config
+from fullthrottle.core.config import StepResources, load_config
 from fullthrottle.core.errors import ConfigError
-from pipelines.kubeflow_v2_runner import ENTRYPOINT, compile_pipeline, iter_tasks
+from pipelines.kubeflow_v2_runner import ENTRYPOINT, compile_pipeline, iter_tasks, resource_spec
 
 IMAGE = "registry.example.com/team/fullthrottle:1.2.3"
 FLINK_ARGS = [
@@ -124,6 +124,23 @@ def test_beam_args_reach_the_data_steps_only(volume_spec):
     )
     for name in NON_BEAM_STEPS:
         assert not set(FLINK_ARGS) & set(containers[name].args), f"{name} got Beam args"
+
+
+@pytest.mark.parametrize(
+    ("cpu", "memory", "cpu_cores", "memory_gb"),
+    [
+        ("500m", "1.5Gi", 0.5, 1.5 * 2**30 / 1e9),
+        ("1e3", "512Mi", 1000.0, 2**29 / 1e9),
+        ("2", "16G", 2.0, 16.0),
+    ],
+)
+def test_resource_spec_reads_every_kubernetes_quantity_form(cpu, memory, cpu_cores, memory_gb):
+    resources = StepResources(cpu_request=cpu, memory_limit=memory)
+    spec = resource_spec(resources)
+    # The string fields carry the quantity as written; the older numeric ones its value.
+    assert (spec.resource_cpu_request, spec.resource_memory_limit) == (cpu, memory)
+    assert spec.cpu_request == pytest.approx(cpu_cores)
+    assert spec.memory_limit == pytest.approx(memory_gb)
 
 
 def test_resources_per_step(volume_spec):

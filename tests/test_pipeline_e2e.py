@@ -26,10 +26,10 @@ CORE_COMPONENTS = (
 
 def assert_all_components_completed(last: dict) -> None:
     """Every node of the pipeline ran (none cached, none skipped), the core ones included."""
-    from fullthrottle.core.config import Config, build_dataclass
+    from fullthrottle.core.config import Config, validate_section
     from pipelines.local_runner import build_local_pipeline
 
-    config = build_dataclass(Config, last["config"])
+    config = validate_section(Config, last["config"])
     pipeline = build_local_pipeline(config, input_base=str(config.staged_data_dir))
     node_ids = {component.id for component in pipeline.components}
     assert set(CORE_COMPONENTS) <= node_ids

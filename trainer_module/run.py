@@ -60,20 +60,20 @@ def _expand(patterns: list[str]) -> list[str]:
 
 def run_fn(fn_args: Any) -> None:
     """Called by TFX's Trainer (GenericExecutor)."""
-    from fullthrottle.core.config import build_dataclass
+    from fullthrottle.core.config import validate_section
     from fullthrottle.core.features import data_spec_from_custom_config
 
     custom = fn_args.custom_config or {}
     spec = data_spec_from_custom_config(custom)
     # Step counts come from TFX's train/eval args, everything else from custom_config.
-    training = build_dataclass(
+    training = validate_section(
         TrainingConfig,
         {
             **custom.get("training", {}),
             "train_steps": int(fn_args.train_steps),
             "eval_steps": int(fn_args.eval_steps) if fn_args.eval_steps else None,
         },
-        "training",
+        where="training",
     )
 
     tft_output = tft.TFTransformOutput(fn_args.transform_output)

@@ -1,71 +1,158 @@
 """The one frozen, validated configuration of a fullthrottle run.
 
-Built once at the edge (CLI flags, a YAML file, presets) and passed down. Every dataclass
-validates itself in `__post_init__` and names the bad field; `load_config` additionally rejects
-unknown keys and wrong types with the dotted path of the field (``training.per_replica_batch_size``).
-Data-dependent checks (does the column exist in the CSV?) live in `fullthrottle.core.staging`, and run
-before the pipeline starts.
+Built once at the edge (CLI flags, a YAML file, presets) and passed down. Every section is a
+frozen pydantic dataclass: types and ranges are declared on the fields, rules across fields live
+in `__post_init__`, and unknown keys are refused. Whatever is refused, from YAML (`load_config`), a
+component's custom_config (`validate_section`) or Python code, becomes one `ConfigError` naming the
+dotted field path, the value and what it must be (``training.per_replica_batch_size``).
+Data-dependent checks (does the column exist in the CSV?) live in `fullthrottle.core.staging`, and
+run before the pipeline starts.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import re
+import string
 import types
 import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import field
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import pydantic
 import yaml
+from kubernetes.utils import parse_quantity
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+)
 
-from fullthrottle.core.errors import ConfigError, TrainingConfigError
+from fullthrottle.core.errors import ConfigError
 from trainer_module.training.config import TrainingConfig
 
 BUNDLED_PENGUINS = "palmerpenguins"
 BUNDLED_TEXT = "bundled:text_topics"
 
-_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-")
+
+@typing.dataclass_transform(frozen_default=True, field_specifiers=(field, Field))
+def _section[T](cls: type[T]) -> type[T]:
+    """A frozen pydantic dataclass that refuses unknown keys and whose constructor raises
+    `ConfigError` (not pydantic's ValidationError), as loading a config file does."""
+    section = pydantic.dataclasses.dataclass(cls, frozen=True, config={"extra": "forbid"})
+    validate = section.__init__
+
+    @functools.wraps(validate)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            validate(self, *args, **kwargs)
+        except ValidationError as exc:
+            raise config_error(exc, section) from None
+
+    section.__init__ = __init__
+    return section
+
+
+def _must(holds: Callable[[Any], Any], requirement: str) -> AfterValidator:
+    """A check on one field; a failure reads "`path` <requirement>, got <value>"."""
+
+    def check(value: Any) -> Any:
+        if not holds(value):
+            raise ValueError(requirement)
+        return value
+
+    return AfterValidator(check)
+
+
+def _within(low: int, high: int) -> AfterValidator:
+    return _must(lambda value: low <= value <= high, f"must be within [{low}, {high}]")
+
+
+def _quantity(requirement: str) -> BeforeValidator:
+    """A Kubernetes quantity ("2", "500m", "1e3", "1.5Gi"), as Kubernetes' own parser reads it.
+    YAML numbers (`cpu_request: 2`) are kept as the text Kubernetes expects ("2")."""
+
+    def parse(value: Any) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(int(value)) if float(value).is_integer() else str(value)
+        try:
+            amount = parse_quantity(value) if isinstance(value, str) else None
+        except ValueError:
+            amount = None
+        if not (isinstance(amount, Decimal) and amount.is_finite() and amount >= 0):
+            raise ValueError(requirement)
+        return value
+
+    return BeforeValidator(parse)
+
+
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_-")
+_NAME_RULE = "must be a non-empty name of letters, digits, '_' or '-'"
+
+
+def _is_name(value: str) -> bool:
+    return bool(value) and set(value) <= _NAME_CHARS
 
 
 def check_name(value: str, field_name: str) -> None:
-    if not value or not set(value) <= _NAME_CHARS:
-        raise ConfigError(
-            f"`{field_name}` must be a non-empty name of letters, digits, '_' or '-', got {value!r}"
-        )
+    """Refuses `value` unless it is safe as a file name and a URL path segment."""
+    if not _is_name(value):
+        raise ConfigError(f"{_NAME_RULE}, got {value!r}", field=field_name)
 
 
-@dataclass(frozen=True)
+# Field types shared by the sections; a refused value is reported with the requirement.
+Name = Annotated[str, _must(_is_name, _NAME_RULE)]
+Flag = Annotated[str, _must(lambda arg: arg.startswith("--"), "must look like --flag=value")]
+Image = Annotated[
+    str,
+    _must(
+        lambda image: image and not any(c.isspace() for c in image),
+        "must be a container image reference",
+    ),
+]
+NonBlank = Annotated[str, _must(str.strip, "must not be blank")]
+Location = Annotated[
+    str, Field(min_length=1, description="give a gs://, s3:// URI or a volume path")
+]
+Namespace = Annotated[
+    str,
+    _must(
+        re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?").fullmatch,
+        "must be a Kubernetes namespace name (lowercase letters, digits and '-')",
+    ),
+]
+CpuQuantity = Annotated[str, _quantity("must be a CPU quantity like '2', '0.5' or '500m'")]
+MemoryQuantity = Annotated[str, _quantity("must be a memory quantity like '512Mi' or '16Gi'")]
+
+
+@_section
 class TextColumn:
     """A free-text column, tokenized by Transform into a fixed-length sequence of ids."""
 
     name: str
-    tokenizer: str = "word"  # "word" (whitespace) or "char" (Unicode characters: CJK works)
-    max_tokens: int = 32
-    vocab_size: int = 5000
+    tokenizer: Literal["word", "char"] = "word"  # "word" (whitespace), "char" (Unicode: CJK works)
+    max_tokens: PositiveInt = 32
+    vocab_size: PositiveInt = 5000
     lowercase: bool = True
 
-    def __post_init__(self) -> None:
-        if self.tokenizer not in ("word", "char"):
-            raise ConfigError(
-                f"`text.tokenizer` of column {self.name!r} must be 'word' or 'char', got {self.tokenizer!r}"
-            )
-        if self.max_tokens <= 0:
-            raise ConfigError(f"`text.max_tokens` must be > 0, got {self.max_tokens}")
-        if self.vocab_size <= 0:
-            raise ConfigError(f"`text.vocab_size` must be > 0, got {self.vocab_size}")
 
-
-@dataclass(frozen=True)
+@_section
 class DataSpec:
     """What the data is: where it lives and what each column means."""
 
-    path: str = (
-        BUNDLED_PENGUINS  # a CSV file or folder of CSVs, a TFRecord folder, or a bundled name
-    )
-    format: str = "csv"  # "csv" or "tfrecord" (gzip or plain tf.Example records)
-    label: str = "species"
+    path: str = BUNDLED_PENGUINS  # a CSV file or folder of CSVs, a TFRecord folder, a bundled name
+    format: Literal["csv", "tfrecord"] = "csv"  # tfrecord: gzip or plain tf.Example records
+    label: Annotated[str, Field(min_length=1, description="name the label column")] = "species"
     numeric: tuple[str, ...] = (
         "bill_length_mm",
         "bill_depth_mm",
@@ -77,29 +164,19 @@ class DataSpec:
     # Cells equal to one of these are missing values (penguins.csv writes "NA").
     na_values: tuple[str, ...] = ("NA",)
     # Hash-bucket split of the input rows, e.g. train 3 : eval 1.
-    train_buckets: int = 3
-    eval_buckets: int = 1
+    train_buckets: PositiveInt = 3
+    eval_buckets: PositiveInt = 1
     # A schema.pbtxt to import instead of inferring one with SchemaGen.
     schema_path: str | None = None
 
     def __post_init__(self) -> None:
-        if self.format not in ("csv", "tfrecord"):
-            raise ConfigError(f"`data.format` must be 'csv' or 'tfrecord', got {self.format!r}")
-        if not self.label:
-            raise ConfigError("`data.label` must name the label column")
-        if self.train_buckets <= 0 or self.eval_buckets <= 0:
-            raise ConfigError(
-                "`data.train_buckets` and `data.eval_buckets` must both be > 0, got "
-                f"{self.train_buckets} and {self.eval_buckets}"
-            )
-        names = [*self.numeric, *self.categorical, *(t.name for t in self.text)]
-        if not names:
+        if not self.feature_columns:
             raise ConfigError(
                 "the data spec has no feature columns: list some under `data.numeric`, "
                 "`data.categorical` or `data.text`"
             )
         seen: set[str] = set()
-        for name in names:
+        for name in self.feature_columns:
             if name in seen:
                 raise ConfigError(f"column {name!r} is listed twice in the data spec")
             if name == self.label:
@@ -115,36 +192,19 @@ class DataSpec:
         return (*self.feature_columns, self.label)
 
 
-@dataclass(frozen=True)
+@_section
 class BeamConfig:
     """Apache Beam options for the data components (ExampleGen, StatisticsGen, Transform, ...)."""
 
     # DirectRunner mode. "in_memory" is the default by measurement: on the bundled data the
     # whole pipeline took 17 s in memory and 47 s with multi_processing (worker start-up
     # dominates small data); multi_processing pays off on large inputs.
-    direct_running_mode: str = "in_memory"  # "in_memory" | "multi_threading" | "multi_processing"
-    direct_num_workers: int = 0  # 0 = one per core
-    extra_args: tuple[str, ...] = ()  # passed verbatim, e.g. ("--runner=FlinkRunner", ...)
-
-    def __post_init__(self) -> None:
-        modes = ("in_memory", "multi_threading", "multi_processing")
-        if self.direct_running_mode not in modes:
-            raise ConfigError(
-                f"`beam.direct_running_mode` must be one of {', '.join(modes)}, got {self.direct_running_mode!r}"
-            )
-        if self.direct_num_workers < 0:
-            raise ConfigError(
-                f"`beam.direct_num_workers` must be >= 0, got {self.direct_num_workers}"
-            )
-        for arg in self.extra_args:
-            if not arg.startswith("--"):
-                raise ConfigError(
-                    f"`beam.extra_args` entries must look like --flag=value, got {arg!r}"
-                )
+    direct_running_mode: Literal["in_memory", "multi_threading", "multi_processing"] = "in_memory"
+    direct_num_workers: Annotated[NonNegativeInt, Field(description="0 = one per core")] = 0
+    extra_args: tuple[Flag, ...] = ()  # passed verbatim, e.g. ("--runner=FlinkRunner", ...)
 
 
-# --- tracking (issue 5) --------------------------------------------------------------------
-@dataclass(frozen=True)
+@_section
 class TrackingConfig:
     """Where and how runs are tracked in MLflow (`tracking:` section; see docs/tracking.md).
 
@@ -155,64 +215,32 @@ class TrackingConfig:
 
     enabled: bool = True
     # None: $MLFLOW_TRACKING_URI if set, else SQLite + artifacts under <output_dir>/mlflow/.
-    uri: str | None = None
-    experiment: str | None = None  # None: the pipeline name
+    uri: NonBlank | None = None  # http://host:port, sqlite:///path
+    experiment: NonBlank | None = None  # None: the pipeline name
     register_model: bool = True  # register blessed, pushed models under `model_name`
-    registry_alias: str = "champion"  # moved to the newest pushed version
-    retries: int = 3
-    retry_backoff_seconds: float = 1.0  # doubled after each failed attempt
-    request_timeout_seconds: int = 15
-    flush_timeout_seconds: float = 60.0  # how long the end of training waits for queued metrics
-    system_metrics_interval_seconds: float = 5.0  # CPU/memory/GPU sampling; 0 turns it off
+    registry_alias: Name = "champion"  # moved to the newest pushed version
+    retries: NonNegativeInt = 3
+    retry_backoff_seconds: NonNegativeFloat = 1.0  # doubled after each failed attempt
+    request_timeout_seconds: PositiveInt = 15
+    flush_timeout_seconds: PositiveFloat = 60.0  # how long the end of training waits for metrics
+    system_metrics_interval_seconds: Annotated[
+        NonNegativeFloat, Field(description="0 turns CPU/memory/GPU sampling off")
+    ] = 5.0
     # Training metrics go to MLflow in one request at most this often (0: at every checkpoint).
-    metrics_interval_seconds: float = 5.0
+    metrics_interval_seconds: NonNegativeFloat = 5.0
     # One point per metric per this much training time: shorter loops are aggregated into one
     # point (0: a point per loop). See docs/tracking.md.
-    metrics_resolution_seconds: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.uri is not None and not self.uri.strip():
-            raise ConfigError(
-                "`tracking.uri` must be a URI (http://host:port, sqlite:///path) or null"
-            )
-        if self.experiment is not None and not self.experiment.strip():
-            raise ConfigError(
-                "`tracking.experiment` must be a non-empty name or null (= pipeline name)"
-            )
-        check_name(self.registry_alias, "tracking.registry_alias")
-        if self.retries < 0:
-            raise ConfigError(f"`tracking.retries` must be >= 0, got {self.retries}")
-        for name in (
-            "retry_backoff_seconds",
-            "system_metrics_interval_seconds",
-            "metrics_interval_seconds",
-            "metrics_resolution_seconds",
-        ):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"`tracking.{name}` must be >= 0, got {getattr(self, name)}")
-        for name in ("request_timeout_seconds", "flush_timeout_seconds"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"`tracking.{name}` must be > 0, got {getattr(self, name)}")
+    metrics_resolution_seconds: NonNegativeFloat = 1.0
 
 
-# --- end tracking (issue 5) ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
+@_section
 class EvalConfig:
     """The Evaluator's blessing rule."""
 
-    accuracy_threshold: float = 0.8
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.accuracy_threshold <= 1.0:
-            raise ConfigError(
-                f"`evaluation.accuracy_threshold` must be within [0, 1], got {self.accuracy_threshold}"
-            )
+    accuracy_threshold: Annotated[float, _within(0, 1)] = 0.8
 
 
-# --- serving (issue 6) ---------------------------------------------------------------------
-@dataclass(frozen=True)
+@_section
 class ServingConfig:
     """How pushed models are stored, warmed up, served and deployed (`serving:` section).
 
@@ -220,76 +248,38 @@ class ServingConfig:
     so names, ports and paths agree everywhere.
     """
 
-    # PredictionLog records written to assets.extra/tf_serving_warmup_requests per signature;
-    # TF Serving reads at most 1000 of them.
-    warmup_requests: int = 64
-    keep_versions: int = 0  # newest K version folders kept after a push; 0 keeps all
-    serve_versions: int = (
-        1  # the server keeps the newest N versions loaded (TF Serving's latest policy)
-    )
+    # PredictionLog records written to assets.extra/tf_serving_warmup_requests per signature.
+    warmup_requests: Annotated[
+        int, _within(0, 1000), Field(description="TF Serving reads at most 1000")
+    ] = 64
+    # Newest K version folders kept after a push.
+    keep_versions: Annotated[NonNegativeInt, Field(description="0 keeps all")] = 0
+    serve_versions: PositiveInt = 1  # the server keeps the newest N loaded (TF Serving's latest)
     tflite: bool = False  # also write model.tflite (float32) beside the pushed SavedModel
-    tflite_quantize: bool = (
-        False  # and model_dynamic_range.tflite (int8 weights, float activations)
+    tflite_quantize: bool = False  # and model_dynamic_range.tflite (int8 weights, float maths)
+    host: Annotated[str, Field(min_length=1, description="127.0.0.1 serves this machine only")] = (
+        "127.0.0.1"
     )
-    host: str = "127.0.0.1"
-    rest_port: int = 8501  # TF Serving's REST port
-    grpc_port: int = 8500  # TF Serving's gRPC port
-    max_request_bytes: int = 4 * 1024 * 1024  # larger request bodies get a 413
-    poll_seconds: float = 1.0  # how often `serve` looks for a new version folder
+    rest_port: Annotated[int, _within(0, 65535), Field(description="a TCP port")] = 8501
+    grpc_port: Annotated[int, _within(0, 65535), Field(description="a TCP port")] = 8500
+    max_request_bytes: PositiveInt = 4 * 1024 * 1024  # larger request bodies get a 413
+    poll_seconds: PositiveFloat = 1.0  # how often `serve` looks for a new version folder
     # TF Serving batching (the deploy kit's batching.config); see serving/deploy/README section.
-    max_batch_size: int = 64
-    batch_timeout_micros: int = 2000
-    num_batch_threads: int = 2
-    max_enqueued_batches: int = 64
+    max_batch_size: PositiveInt = 64
+    batch_timeout_micros: PositiveInt = 2000
+    num_batch_threads: PositiveInt = 2
+    max_enqueued_batches: PositiveInt = 64
     image: str = "tensorflow/serving:2.18.0"
 
     def __post_init__(self) -> None:
-        if not 0 <= self.warmup_requests <= 1000:
-            raise ConfigError(
-                f"`serving.warmup_requests` must be within [0, 1000] (TF Serving reads at most 1000), "
-                f"got {self.warmup_requests}"
-            )
-        for name in ("keep_versions",):
-            if getattr(self, name) < 0:
-                raise ConfigError(
-                    f"`serving.{name}` must be >= 0 (0 keeps all), got {getattr(self, name)}"
-                )
-        for name in (
-            "serve_versions",
-            "max_request_bytes",
-            "max_batch_size",
-            "batch_timeout_micros",
-            "num_batch_threads",
-            "max_enqueued_batches",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"`serving.{name}` must be > 0, got {getattr(self, name)}")
-        for name in ("rest_port", "grpc_port"):
-            if not 0 <= getattr(self, name) <= 65535:
-                raise ConfigError(
-                    f"`serving.{name}` must be a TCP port within [0, 65535], got {getattr(self, name)}"
-                )
         if self.rest_port and self.rest_port == self.grpc_port:
             raise ConfigError(
-                f"`serving.rest_port` and `serving.grpc_port` must differ, both are {self.rest_port}"
+                f"must differ from `grpc_port`, both are {self.rest_port}", field="rest_port"
             )
-        if self.poll_seconds <= 0:
-            raise ConfigError(f"`serving.poll_seconds` must be > 0, got {self.poll_seconds}")
         if self.tflite_quantize and not self.tflite:
-            raise ConfigError("`serving.tflite_quantize` needs `serving.tflite: true`")
-        if not self.host:
-            raise ConfigError(
-                "`serving.host` must not be empty (127.0.0.1 serves this machine only)"
-            )
+            raise ConfigError("needs `tflite: true`", field="tflite_quantize")
 
 
-# --- end serving (issue 6) -----------------------------------------------------------------
-
-
-# --- kubeflow (issue 7) --------------------------------------------------------------------
-_CPU_QUANTITY = re.compile(r"^(\d+(\.\d+)?|\d+m)$")  # "2", "0.5", "500m" (Kubernetes CPU units)
-_MEMORY_QUANTITY = re.compile(r"^\d+(\.\d+)?(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")  # "512Mi", "16Gi"
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 # Beam runners whose job cannot start without these flags; checked before compiling.
 BEAM_RUNNER_REQUIRED_ARGS: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
     {
@@ -301,48 +291,20 @@ BEAM_RUNNER_REQUIRED_ARGS: Mapping[str, tuple[str, ...]] = types.MappingProxyTyp
 )
 
 
-@dataclass(frozen=True)
+@_section
 class StepResources:
     """Container resources of one Kubeflow step. `None` inherits `kubeflow.resources.default`.
 
-    CPU and memory take Kubernetes quantities ("500m", "2", "512Mi", "16Gi"); the accelerator is
-    a Kubernetes resource name ("nvidia.com/gpu") and a count (0 = none).
+    CPU and memory take Kubernetes quantities ("500m", "2", "1e3", "512Mi", "1.5Gi"); the
+    accelerator is a Kubernetes resource name ("nvidia.com/gpu") and a count (0 = none).
     """
 
-    # Numbers are accepted too (YAML reads `cpu_request: 2` as an int) and kept as strings.
-    cpu_request: str | float | None = None
-    cpu_limit: str | float | None = None
-    memory_request: str | float | None = None
-    memory_limit: str | float | None = None
-    accelerator_type: str | None = None
-    accelerator_count: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("cpu_request", "cpu_limit", "memory_request", "memory_limit"):
-            value = getattr(self, name)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                text = str(int(value)) if float(value).is_integer() else str(value)
-                object.__setattr__(self, name, text)
-        for name in ("cpu_request", "cpu_limit"):
-            value = getattr(self, name)
-            if value is not None and not _CPU_QUANTITY.match(value):
-                raise ConfigError(
-                    f"`{name}` must be a CPU quantity like '2', '0.5' or '500m', got {value!r}"
-                )
-        for name in ("memory_request", "memory_limit"):
-            value = getattr(self, name)
-            if value is not None and not _MEMORY_QUANTITY.match(value):
-                raise ConfigError(
-                    f"`{name}` must be a memory quantity like '512Mi' or '16Gi', got {value!r}"
-                )
-        if self.accelerator_count is not None and self.accelerator_count < 0:
-            raise ConfigError(
-                f"`accelerator_count` must be >= 0 (0 = no accelerator), got {self.accelerator_count}"
-            )
-        if self.accelerator_type is not None and not self.accelerator_type.strip():
-            raise ConfigError(
-                "`accelerator_type` must name a resource like 'nvidia.com/gpu', got ''"
-            )
+    cpu_request: CpuQuantity | None = None
+    cpu_limit: CpuQuantity | None = None
+    memory_request: MemoryQuantity | None = None
+    memory_limit: MemoryQuantity | None = None
+    accelerator_type: NonBlank | None = None  # a Kubernetes resource name: "nvidia.com/gpu"
+    accelerator_count: Annotated[NonNegativeInt | None, Field(description="0 = none")] = None
 
     def over(self, base: StepResources) -> StepResources:
         """These resources, with every unset field taken from `base`."""
@@ -373,7 +335,7 @@ BUILTIN_STEP_RESOURCES: Mapping[str, StepResources] = types.MappingProxyType(
 )
 
 
-@dataclass(frozen=True)
+@_section
 class PipelineResources:
     """Per-step resources (`kubeflow.resources`); see `for_step` for how they combine."""
 
@@ -394,7 +356,7 @@ class PipelineResources:
         return getattr(self, step).over(builtin).over(self.default).over(DEFAULT_STEP_RESOURCES)
 
 
-@dataclass(frozen=True)
+@_section
 class TFJobConfig:
     """The Trainer as a Kubeflow Training Operator TFJob (`kubeflow.tfjob`).
 
@@ -404,108 +366,71 @@ class TFJobConfig:
     """
 
     enabled: bool = False
-    workers: int = 2  # replicas in total, chief included
-    image: str | None = None  # default: `kubeflow.image`
+    workers: Annotated[int, Field(ge=1, description="the chief counts as one")] = 2
+    image: Image | None = None  # default: `kubeflow.image`
     # Per replica; unset fields come from `kubeflow.resources.trainer` (then `.default`).
     resources: StepResources = field(default_factory=StepResources)
-    timeout_minutes: int = 24 * 60
-    poll_seconds: int = 30
-    clean_pod_policy: str = "Running"  # "None" keeps finished pods (and their logs)
+    timeout_minutes: PositiveInt = 24 * 60
+    poll_seconds: PositiveInt = 30
+    clean_pod_policy: Literal["None", "Running", "All"] = "Running"  # "None" keeps finished pods
     service_account: str | None = None
 
-    def __post_init__(self) -> None:
-        if self.workers < 1:
-            raise ConfigError(
-                f"`workers` must be >= 1 (the chief counts as one), got {self.workers}"
-            )
-        if self.timeout_minutes <= 0:
-            raise ConfigError(f"`timeout_minutes` must be > 0, got {self.timeout_minutes}")
-        if self.poll_seconds <= 0:
-            raise ConfigError(f"`poll_seconds` must be > 0, got {self.poll_seconds}")
-        if self.clean_pod_policy not in ("None", "Running", "All"):
-            raise ConfigError(
-                f"`clean_pod_policy` must be 'None', 'Running' or 'All', got {self.clean_pod_policy!r}"
-            )
-        if self.image is not None and (not self.image or any(c.isspace() for c in self.image)):
-            raise ConfigError(f"`image` must be a container image reference, got {self.image!r}")
 
-
-@dataclass(frozen=True)
+@_section
 class KubeflowConfig:
     """How `fullthrottle compile --target kubeflow` builds the KFP v2 spec (`kubeflow:` section).
 
     Paths are as the pods see them: an object store URI (gs://, s3://) or a volume mount path.
     """
 
-    image: str = (
-        "fullthrottle:0.1.0"  # the image built from the repo's Dockerfile, pushed somewhere
-    )
-    pipeline_root: str = "/mnt/fullthrottle/pipeline_root"  # the pipeline name is appended
-    input_base: str = "/mnt/fullthrottle/data"  # folder of input files, staged as `run` stages them
-    serving_dir: str = "/mnt/fullthrottle/serving"  # the model name is appended
+    image: Image = "fullthrottle:0.1.0"  # the image built from the repo's Dockerfile, pushed
+    pipeline_root: Location = "/mnt/fullthrottle/pipeline_root"  # the pipeline name is appended
+    input_base: Location = "/mnt/fullthrottle/data"  # input files, staged as `run` stages them
+    serving_dir: Location = "/mnt/fullthrottle/serving"  # the model name is appended
     # Beam args of the data components. In a pod: DirectRunner, one process per requested CPU
     # (not 0 = "all cores": in a pod that counts the node's cores, not the pod's share).
     # A distributed runner replaces them, e.g. ["--runner=FlinkRunner", "--flink_master=...", ...].
-    beam_args: tuple[str, ...] = (
+    beam_args: tuple[Flag, ...] = (
         "--direct_running_mode=multi_processing",
         "--direct_num_workers=2",
     )
     enable_cache: bool | None = None  # KFP step caching; None follows the top-level `enable_cache`
-    namespace: str = "kubeflow"  # of KFP runs and of TFJobs
+    namespace: Namespace = "kubeflow"  # of KFP runs and of TFJobs
     resources: PipelineResources = field(default_factory=PipelineResources)
     tfjob: TFJobConfig = field(default_factory=TFJobConfig)
 
     def __post_init__(self) -> None:
-        if not self.image or any(c.isspace() for c in self.image):
-            raise ConfigError(f"`image` must be a container image reference, got {self.image!r}")
-        for name in ("pipeline_root", "input_base", "serving_dir"):
-            if not getattr(self, name):
-                raise ConfigError(
-                    f"`{name}` must not be empty: give a gs://, s3:// URI or a volume path"
-                )
-        if not _DNS_LABEL.match(self.namespace):
-            raise ConfigError(
-                f"`namespace` must be a Kubernetes namespace name, got {self.namespace!r}"
-            )
         flags = {arg.split("=", 1)[0] for arg in self.beam_args}
         for arg in self.beam_args:
-            if not arg.startswith("--"):
-                raise ConfigError(f"`beam_args` entries must look like --flag=value, got {arg!r}")
             if arg.startswith("--runner="):
                 runner = arg.split("=", 1)[1]
                 missing = [f for f in BEAM_RUNNER_REQUIRED_ARGS.get(runner, ()) if f not in flags]
                 if missing:
                     raise ConfigError(
-                        f"`beam_args` selects {runner} but lacks {', '.join(missing)}: add "
+                        f"selects {runner} but lacks {', '.join(missing)}: add "
                         + ", ".join(f"{f}=..." for f in missing)
-                        + " (see docs/scaling.md)"
+                        + " (see docs/scaling.md)",
+                        field="beam_args",
                     )
 
 
-# --- end kubeflow (issue 7) ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
+@_section
 class Config:
     """Everything one `fullthrottle run` needs."""
 
-    pipeline_name: str = "fullthrottle-penguins"
-    model_name: str = "penguins"
-    output_dir: str = "runs"
+    pipeline_name: Name = "fullthrottle-penguins"
+    model_name: Name = "penguins"
+    output_dir: Annotated[str, Field(min_length=1)] = "runs"
     enable_cache: bool = True
     data: DataSpec = field(default_factory=DataSpec)
+    # A stdlib dataclass of the training library: pydantic checks its field types and runs its
+    # own validation (`__post_init__`), whose ConfigError names the field.
     training: TrainingConfig = field(default_factory=TrainingConfig)
     evaluation: EvalConfig = field(default_factory=EvalConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)  # issue 5
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     beam: BeamConfig = field(default_factory=BeamConfig)
-    serving: ServingConfig = field(default_factory=ServingConfig)  # issue 6
-    kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)  # issue 7
-
-    def __post_init__(self) -> None:
-        check_name(self.pipeline_name, "pipeline_name")
-        check_name(self.model_name, "model_name")
-        if not self.output_dir:
-            raise ConfigError("`output_dir` must not be empty")
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    kubeflow: KubeflowConfig = field(default_factory=KubeflowConfig)
 
     # Derived paths: one place decides the layout of a run's output folder.
     @property
@@ -532,7 +457,6 @@ class Config:
         return dataclasses.asdict(self)
 
 
-# --- presets --------------------------------------------------------------------------------
 # Named hardware presets derive from the default by overriding a few fields; they never copy it.
 PRESETS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
     {
@@ -546,6 +470,121 @@ PRESETS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
 )
 
 
+# What a field must be, by pydantic's error type, when the value has the wrong type.
+_EXPECTED = {
+    **dict.fromkeys(("bool_type", "bool_parsing"), "true or false"),
+    **dict.fromkeys(("int_type", "int_parsing", "int_from_float"), "an integer"),
+    **dict.fromkeys(("float_type", "float_parsing"), "a number"),
+    **dict.fromkeys(("tuple_type", "list_type"), "a list"),
+    **dict.fromkeys(("dict_type", "dataclass_type"), "a mapping of fields"),
+    "string_type": "a string",
+    "none_required": "empty (null)",
+}
+
+
+def config_error(exc: ValidationError, root: type) -> ConfigError:
+    """One `ConfigError` for what pydantic refused while building `root`, a sentence per field:
+    "`training.per_replica_batch_size` must be > 0, got -4", "unknown config key
+    `training.lerning_rate` (did you mean `learning_rate`?); known keys here: ..."."""
+    by_path: dict[str, list[tuple[Any, type | None, str]]] = {}
+    for error in exc.errors():
+        path, owner, name = _locate(root, error["loc"])
+        by_path.setdefault(path, []).append((error, owner, name))
+    return ConfigError("; ".join(_sentence(path, errors) for path, errors in by_path.items()))
+
+
+def _locate(root: type, loc: tuple[int | str, ...]) -> tuple[str, type | None, str]:
+    """The dotted path of `loc` ("data.text[0].name"), the dataclass owning its last field, and
+    that field's name. Stops at a union member's tag, which names a type, not a field."""
+    path, owner, name, kind = "", None, "", root
+    for part in loc:
+        if isinstance(part, int):  # an entry of tuple[X, ...]
+            path, kind = f"{path}[{part}]", next(iter(typing.get_args(kind)), None)
+        elif typing.get_origin(kind) in (dict, Mapping):
+            path, kind = f"{path}.{part}", typing.get_args(kind)[-1]
+        elif dataclasses.is_dataclass(kind):
+            owner, name = kind, str(part)
+            path = f"{path}.{name}" if path else name
+            kind = typing.get_type_hints(owner).get(name)
+        else:
+            break
+    return path, owner, name
+
+
+def _sentence(path: str, errors: list[tuple[Any, type | None, str]]) -> str:
+    error, owner, name = errors[0]
+    kind, context, value = error["type"], error.get("ctx") or {}, error["input"]
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        known = sorted(f.name for f in dataclasses.fields(owner)) if owner else []
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f" (did you mean `{close[0]}`?)" if close else ""
+        return f"unknown config key `{path}`{hint}; known keys here: {', '.join(known)}"
+    if kind == "missing":
+        return f"`{path}` is required"
+    cause = context.get("error")
+    if isinstance(cause, ConfigError):  # from a `__post_init__`: a complete statement
+        if cause.field:
+            return f"`{'.'.join(filter(None, (path, cause.field)))}` {cause.message}"
+        return f"in `{path}`: {cause}" if path else str(cause)
+    # A union refuses the value once per member: "must be true or false or a string".
+    expected = dict.fromkeys(_EXPECTED[e["type"]] for e, _, _ in errors if e["type"] in _EXPECTED)
+    if expected:
+        requirement = f"must be {' or '.join(expected)}"
+        value = f"{type(value).__name__} {value!r}"
+    else:
+        requirement, value = _requirement(kind, context, error["msg"]), repr(value)
+    info = getattr(owner, "__pydantic_fields__", {}).get(name)
+    hint = f" ({info.description})" if info is not None and info.description else ""
+    return f"`{path}` {requirement}{hint}, got {value}"
+
+
+def _requirement(kind: str, context: dict[str, Any], pydantic_message: str) -> str:
+    for key, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+        if key in context:
+            bound = context[key]
+            return f"must be {symbol} {int(bound) if float(bound).is_integer() else bound}"
+    if kind == "literal_error":
+        return f"must be {context['expected']}"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind in ("too_short", "too_long"):
+        return f"must have {context.get('min_length', context.get('max_length'))} entries"
+    if "error" in context:  # a field check (`_must`, `_quantity`): its requirement
+        return str(context["error"])
+    return f"is refused ({pydantic_message})"
+
+
+_adapter = functools.cache(pydantic.TypeAdapter)
+
+
+@functools.cache
+def _holder(cls: type, where: str) -> type:
+    # A one-field section named `where`: paths start with it, and a stdlib dataclass held in it
+    # (TrainingConfig) refuses unknown keys as the sections do.
+    holder = type(f"{where}_section", (), {"__annotations__": {where: cls}})
+    return pydantic.dataclasses.dataclass(holder, config={"extra": "forbid"})
+
+
+def validate_section[T](cls: type[T], data: Any, *, where: str = "") -> T:
+    """`cls` built from plain data (YAML, a component's JSON custom_config) and validated.
+
+    Args:
+        cls: a section of this module, or the training library's `TrainingConfig`.
+        data: a mapping of fields; lists stand for tuples.
+        where: the section's dotted path in the whole config ("training"), which error messages
+            start with. Needed for a stdlib dataclass, whose unknown keys are refused only here.
+
+    Raises:
+        ConfigError: one message naming each refused field by its path (`config_error`).
+    """
+    root = _holder(cls, where) if where else cls
+    try:
+        built = _adapter(root).validate_python({where: data} if where else data)
+    except ValidationError as exc:
+        raise config_error(exc, root) from None
+    return getattr(built, where) if where else built
+
+
 def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in override.items():
@@ -554,109 +593,6 @@ def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[st
         else:
             merged[key] = value
     return merged
-
-
-# --- building dataclasses from plain data, with errors that name the field -------------------
-def _convert(value: Any, annotation: Any, where: str) -> Any:
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if annotation is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        non_none = [a for a in args if a is not type(None)]
-        errors = []
-        for candidate in non_none:
-            try:
-                return _convert(value, candidate, where)
-            except ConfigError as exc:
-                errors.append(exc)
-        raise errors[0]
-    if dataclasses.is_dataclass(annotation):
-        if isinstance(value, annotation):
-            return value
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"`{where}` must be a mapping of fields, got {type(value).__name__}")
-        return build_dataclass(annotation, value, where)
-    if origin is tuple:
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            raise ConfigError(f"`{where}` must be a list, got {type(value).__name__} {value!r}")
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
-        if len(args) != len(value):
-            raise ConfigError(f"`{where}` must have {len(args)} entries, got {len(value)}")
-        return tuple(
-            _convert(v, a, f"{where}[{i}]")
-            for i, (v, a) in enumerate(zip(args, value, strict=True))
-        )
-    if origin in (dict, Mapping) or annotation in (dict, Mapping):
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"`{where}` must be a mapping, got {type(value).__name__}")
-        return dict(value)
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"`{where}` must be true or false, got {value!r}")
-    if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ConfigError(f"`{where}` must be an integer, got {type(value).__name__} {value!r}")
-    if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"`{where}` must be a number, got {type(value).__name__} {value!r}")
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        raise ConfigError(f"`{where}` must be a string, got {type(value).__name__} {value!r}")
-    if annotation is type(None):
-        if value is None:
-            return None
-        raise ConfigError(f"`{where}` must be empty (null), got {value!r}")
-    return value
-
-
-def build_dataclass(cls: type, data: Mapping[str, Any], where: str = "") -> Any:
-    """Builds dataclass `cls` from a mapping, rejecting unknown keys and wrong types by name."""
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls) if f.init}
-    kwargs = {}
-    for key, value in data.items():
-        path = f"{where}.{key}" if where else str(key)
-        if key not in known:
-            suggestion = _closest(str(key), known)
-            hint = f" (did you mean `{suggestion}`?)" if suggestion else ""
-            raise ConfigError(
-                f"unknown config key `{path}`{hint}; known keys here: {', '.join(sorted(known))}"
-            )
-        kwargs[key] = _convert(value, hints[key], path)
-    try:
-        return cls(**kwargs)
-    except TrainingConfigError as exc:
-        message = str(exc)
-        if where and f"`{where}." not in message:
-            # "`per_replica_batch_size` must be > 0" -> "`training.per_replica_batch_size` must be > 0"
-            fields = {f.name for f in dataclasses.fields(cls)}
-            qualified = re.sub(
-                r"`([A-Za-z_][A-Za-z0-9_]*)",
-                lambda m: f"`{where}.{m.group(1)}" if m.group(1) in fields else m.group(0),
-                message,
-                count=1,
-            )
-            if qualified == message:
-                qualified = f"in `{where}`: {message}"
-            raise ConfigError(qualified) from None
-        if not isinstance(exc, ConfigError):
-            raise ConfigError(str(exc)) from None
-        raise
-
-
-def _closest(name: str, candidates: set[str]) -> str | None:
-    import difflib
-
-    matches = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
-    return matches[0] if matches else None
 
 
 def parse_override(text: str) -> dict[str, Any]:
@@ -687,7 +623,7 @@ def load_config(
     path: str | Path | None = None,
     *,
     preset: str | None = None,
-    overrides: typing.Sequence[str] = (),
+    overrides: Sequence[str] = (),
 ) -> Config:
     """Default config, then the preset, then the YAML file, then `field=value` overrides."""
     data: dict[str, Any] = {}
@@ -727,19 +663,8 @@ def load_config(
     for text in overrides:
         data = _deep_merge(data, parse_override(text))
     try:
-        return build_dataclass(Config, data)
-    except TrainingConfigError as exc:
+        return validate_section(Config, data)
+    except ConfigError as exc:
         if path is not None:
             raise ConfigError(f"{path}: {exc}") from None
         raise
-
-
-def config_to_yaml(config: Config) -> str:
-    def plain(value: Any) -> Any:
-        if isinstance(value, tuple):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        return value
-
-    return yaml.safe_dump(plain(config.to_dict()), sort_keys=False, allow_unicode=True)

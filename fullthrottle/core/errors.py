@@ -1,26 +1,31 @@
 """Errors meant for people.
 
-Every error the CLI prints without a stack trace derives from `FullthrottleError`; its message
-says what was wrong, where (file, column, field, step) and what to do. Anything else is a bug and
-is shown with its trace.
+Every error the CLI prints without a stack trace is in `USER_ERRORS`: ours derive from
+`FullthrottleError`, the training library's from `TrainingError`. The message says what was
+wrong, where (file, column, field, step) and what to do. Anything else is a bug and is shown with
+its trace.
+
+`ConfigError` is the training library's, the lowest layer that raises it: one class for a bad
+value in `TrainingConfig` and in the pipeline's config. Its `field` carries the field path, so the
+config layer qualifies it (`per_replica_batch_size` -> `training.per_replica_batch_size`).
 """
 
 from __future__ import annotations
 
-from trainer_module.training.errors import ConfigError as TrainingConfigError
-from trainer_module.training.errors import TrainingError
+from trainer_module.training.errors import ConfigError, TrainingError
+
+__all__ = [
+    "USER_ERRORS",
+    "ConfigError",
+    "DataError",
+    "FullthrottleError",
+    "PipelineFailedError",
+    "TrainingError",
+]
 
 
 class FullthrottleError(Exception):
     """An error whose message is complete and actionable on its own."""
-
-
-class ConfigError(FullthrottleError, TrainingConfigError):
-    """A configuration value is missing, unknown, of the wrong type or out of range.
-
-    It is also a `trainer_module.training.errors.ConfigError`, so one `except` catches the
-    pipeline's and the training library's config errors alike.
-    """
 
 
 class DataError(FullthrottleError, ValueError):

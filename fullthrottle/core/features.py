@@ -22,8 +22,8 @@ def vocab_name(column: str) -> str:
 
 def data_spec_from_custom_config(custom_config: Mapping[str, Any] | None):
     """Rebuilds the validated `DataSpec` that the pipeline put into a component's custom_config."""
-    from fullthrottle.core.config import DataSpec, build_dataclass
+    from fullthrottle.core.config import DataSpec, validate_section
 
     if not custom_config or "data" not in custom_config:
         raise ValueError("custom_config must carry the `data` spec (set by pipelines.pipeline)")
-    return build_dataclass(DataSpec, custom_config["data"], "data")
+    return validate_section(DataSpec, custom_config["data"], where="data")

@@ -24,7 +24,7 @@ RESUME_DATA = ("skip", "reseed")
 
 def _require(cond: bool, name: str, message: str, value: object) -> None:
     if not cond:
-        raise ConfigError(f"`{name}` {message}, got {value!r}")
+        raise ConfigError(f"{message}, got {value!r}", field=name)
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,17 @@ class TrainingError(Exception):
 class ConfigError(TrainingError, ValueError):
     """A configuration value (or a combination of values) that cannot work.
 
-    The message always names the offending field, e.g. "`per_replica_batch_size` must be > 0".
+    The message names the offending field. Given as ``field``, it leads the message:
+    ``ConfigError("must be > 0, got -4", field="per_replica_batch_size")`` reads
+    "`per_replica_batch_size` must be > 0, got -4", and a caller that nests this config under a
+    section qualifies the path from ``field`` and ``message`` without parsing the text.
+    ``ConfigError(message)`` is a complete message as it stands.
     """
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(f"`{field}` {message}" if field else message)
+        self.message = message
+        self.field = field
 
 
 class InputDataError(TrainingError, ValueError):

@@ -112,6 +112,10 @@ def test_override_values_are_typed():
         ("data.text=[{tokenizer: char}]", "`data.text[0].name` is required"),
         ("kubeflow=3", "`kubeflow` must be a mapping of fields, got int 3"),
         ("training.cache=5", "`training.cache` must be true or false or a string, got int 5"),
+        # Nothing is coerced: a boolean is not a step count, a quoted number not an integer.
+        ("training.train_steps=true", "`training.train_steps` must be an integer, got bool True"),
+        ("training.train_steps='5'", "`training.train_steps` must be an integer, got str '5'"),
+        ("enable_cache=1", "`enable_cache` must be true or false, got int 1"),
     ],
 )
 def test_bad_values_name_the_field(override, message):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import re
 import string
 import types
@@ -557,6 +558,13 @@ def _requirement(kind: str, context: dict[str, Any], pydantic_message: str) -> s
 _adapter = functools.cache(pydantic.TypeAdapter)
 
 
+def _plain_json(value: Any) -> Any:
+    """What `json.dumps` cannot write itself: sections built in code, and YAML's dates."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
+
+
 @functools.cache
 def _holder(cls: type, where: str) -> type:
     # A one-field section named `where`: paths start with it, and a stdlib dataclass held in it
@@ -578,8 +586,12 @@ def validate_section[T](cls: type[T], data: Any, *, where: str = "") -> T:
         ConfigError: one message naming each refused field by its path (`config_error`).
     """
     root = _holder(cls, where) if where else cls
+    # Validated as JSON in strict mode: a config is JSON-like data, and strict JSON refuses what
+    # lax Python mode would coerce (`true` or "5" for an integer, 1 for a boolean) while still
+    # reading lists as tuples and mappings as sections.
+    document = json.dumps({where: data} if where else data, default=_plain_json)
     try:
-        built = _adapter(root).validate_python({where: data} if where else data)
+        built = _adapter(root).validate_json(document, strict=True)
     except ValidationError as exc:
         raise config_error(exc, root) from None
     return getattr(built, where) if where else built

@@ -212,6 +212,9 @@ class EvalConfig:
 
 
 # --- serving (issue 6) ---------------------------------------------------------------------
+_VERSION_LABEL = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
 @dataclass(frozen=True)
 class ServingConfig:
     """How pushed models are stored, warmed up, served and deployed (`serving:` section).
@@ -241,9 +244,24 @@ class ServingConfig:
     batch_timeout_micros: int = 2000
     num_batch_threads: int = 2
     max_enqueued_batches: int = 64
-    image: str = "tensorflow/serving:2.18.0"
+    # TF Serving must be at least as new as the TensorFlow that wrote the SavedModel (2.21 here):
+    # an older runtime may lack ops or op attributes the model uses.
+    image: str = "tensorflow/serving:2.21.0"
+    # TF Serving's version labels (models.config `version_labels`, `/labels/<label>` routes):
+    # label -> version folder. `serve` adds the MLflow alias (`tracking.registry_alias`) as a label.
+    version_labels: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for label, version in self.version_labels.items():
+            if not isinstance(label, str) or not _VERSION_LABEL.match(label):
+                raise ConfigError(
+                    f"`serving.version_labels` key {label!r} must be a label of letters, digits, "
+                    "'_' or '-' (it becomes a URL path segment)"
+                )
+            if isinstance(version, bool) or not isinstance(version, int) or version <= 0:
+                raise ConfigError(
+                    f"`serving.version_labels.{label}` must be a version number > 0, got {version!r}"
+                )
         if not 0 <= self.warmup_requests <= 1000:
             raise ConfigError(
                 f"`serving.warmup_requests` must be within [0, 1000] (TF Serving reads at most 1000), "

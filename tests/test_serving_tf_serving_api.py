@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+import yaml
 from tensorflow_serving.apis import (
     classification_pb2,
     get_model_metadata_pb2,
@@ -49,13 +50,23 @@ def api(tmp_path_factory):
     for version, scale in SCALES.items():
         write_contract_model(root / str(version), scale=scale)
     port, grpc_port = free_port(), free_port()
-    overrides = [
-        "serving.serve_versions=2",
-        "serving.max_request_bytes=1000000",
-        "tracking.enabled=false",
-    ] + [f"serving.version_labels.{label}={version}" for label, version in LABELS.items()]
+    # A YAML config rather than --set: `--config` is also a prefix of a flag KServe parses from
+    # argv at import, which the server must not let KServe read.
+    config_file = root.parent / "contract.yaml"
+    config_file.write_text(
+        yaml.safe_dump(
+            {
+                "tracking": {"enabled": False},
+                "serving": {
+                    "serve_versions": 2,
+                    "max_request_bytes": 1_000_000,
+                    "version_labels": LABELS,
+                },
+            }
+        )
+    )
     process = start_server(
-        str(root), model_name=MODEL, port=port, grpc_port=grpc_port, overrides=overrides
+        str(root), model_name=MODEL, port=port, grpc_port=grpc_port, config_file=str(config_file)
     )
     channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
     yield {

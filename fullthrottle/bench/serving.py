@@ -48,6 +48,7 @@ def start_server(
     model_name: str,
     port: int,
     grpc_port: int = 0,
+    config_file: str | None = None,
     overrides: Sequence[str] = (),
     timeout: float = 120.0,
 ) -> subprocess.Popen:
@@ -70,6 +71,8 @@ def start_server(
         model_name,
     ]
     command += ["--port", str(port), "--grpc-port", str(grpc_port), "--engine", "kserve"]
+    if config_file is not None:
+        command += ["--config", config_file]
     for override in overrides:
         command += ["--set", override]
     # The server's output goes to an unnamed temporary file, never to a pipe: a pipe nobody reads

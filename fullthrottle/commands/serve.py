@@ -218,13 +218,22 @@ def _exec_tf_serving(
 
     batching_file = model_dir.parent / f".{model_name}.batching.config"
     batching_file.write_text(batching_parameters(config.serving), encoding="utf-8")
+    try:
+        labels = label_source(config)()
+    except Exception as exc:  # noqa: BLE001 - TF Serving still serves; only the alias label is lost
+        labels = dict(config.serving.version_labels)
+        print(
+            f"fullthrottle serve: note: the MLflow alias could not be read ({exc}); "
+            "serving.version_labels only",
+            file=sys.stderr,
+        )
     config_file = model_dir.parent / f".{model_name}.models.config"
     config_file.write_text(
         model_config_text(
             model_name=model_name,
             base_path=str(model_dir),
             serve_versions=config.serving.serve_versions,
-            labels=label_source(config)(),
+            labels=labels,
         ),
         encoding="utf-8",
     )

@@ -30,18 +30,21 @@ from fullthrottle.core.errors import ConfigError, ServingError
 def register(sub: Any) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "serve",
-        help="serve the pushed model over TF Serving's REST API (KServe model server)",
+        help="serve the pushed model over TF Serving's REST and gRPC APIs (KServe model server)",
         description=(
-            "Loads the newest complete version from <output_dir>/serving/<model_name>/ and answers "
-            "POST /v1/models/<name>[/versions/<v>]:predict (instances or inputs format) and "
-            "GET /v1/models/<name>. New pushes are picked up without a restart. Runs "
-            "tensorflow_model_server instead when it is on PATH (--engine auto)."
+            "Loads the newest complete versions from <output_dir>/serving/<model_name>/ and "
+            "answers TF Serving's REST API (/v1/models/<name>[/versions/<v>|/labels/<l>] "
+            ":predict, :classify, :regress, status, /metadata) and its gRPC PredictionService and "
+            "ModelService on --grpc-port. Labels are serving.version_labels and the MLflow "
+            "alias (tracking.registry_alias). New pushes and moved labels are picked up without "
+            "a restart. Runs tensorflow_model_server instead when it is on PATH (--engine auto)."
         ),
         epilog=(
             "Examples:\n"
             "  fullthrottle serve\n"
-            "  fullthrottle serve --output-dir runs --port 9000\n"
-            "  fullthrottle serve --model-dir /srv/models/penguins --model-name penguins"
+            "  fullthrottle serve --output-dir runs --port 9000 --grpc-port 9001\n"
+            "  fullthrottle serve --model-dir /srv/models/penguins --model-name penguins\n"
+            "  fullthrottle serve --set serving.version_labels.stable=1796191994"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

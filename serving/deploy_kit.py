@@ -2,7 +2,8 @@
 
 `render_kit(config, kit_dir=...)` returns file name -> text for:
 
-- ``models.config``: TF Serving's model config (name, base path, version policy);
+- ``models.config``: TF Serving's model config (name, base path, version policy, version labels
+  from ``serving.version_labels``);
 - ``batching.config``: TF Serving's batching parameters, each choice explained;
 - ``docker-compose.yaml``: the ``tensorflow/serving`` image with the push folder mounted
   (REST 8501, gRPC 8500 by default);
@@ -18,6 +19,7 @@ Docker engine and no Kubernetes cluster are available on the machines this was b
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import yaml
@@ -39,17 +41,40 @@ def container_base_path(model_name: str) -> str:
     return f"{CONTAINER_MODELS_ROOT}/{model_name}"
 
 
-def models_config(config: Config) -> str:
+def model_config_text(
+    *, model_name: str, base_path: str, serve_versions: int, labels: Mapping[str, int]
+) -> str:
+    """TF Serving's model config (text proto) for one model, its version policy and labels."""
+    label_lines = "".join(
+        f'    version_labels {{ key: "{label}" value: {version} }}\n'
+        for label, version in sorted(labels.items())
+    )
+    label_note = (
+        "    # Labels (serving.version_labels): /v1/models/<name>/labels/<label>. TF Serving\n"
+        "    # refuses a config whose label names a version it has not loaded.\n"
+        if labels
+        else ""
+    )
     return HEADER + (
         "model_config_list {\n"
         "  config {\n"
-        f'    name: "{config.model_name}"\n'
-        f'    base_path: "{container_base_path(config.model_name)}"\n'
+        f'    name: "{model_name}"\n'
+        f'    base_path: "{base_path}"\n'
         '    model_platform: "tensorflow"\n'
         "    # Serve the newest N versions (serving.serve_versions); a new push replaces the oldest.\n"
-        f"    model_version_policy {{ latest {{ num_versions: {config.serving.serve_versions} }} }}\n"
+        f"    model_version_policy {{ latest {{ num_versions: {serve_versions} }} }}\n"
+        f"{label_note}{label_lines}"
         "  }\n"
         "}\n"
+    )
+
+
+def models_config(config: Config) -> str:
+    return model_config_text(
+        model_name=config.model_name,
+        base_path=container_base_path(config.model_name),
+        serve_versions=config.serving.serve_versions,
+        labels=config.serving.version_labels,
     )
 
 
@@ -81,6 +106,8 @@ def _tf_serving_args(config: Config) -> list[str]:
         f"--port={config.serving.grpc_port}",
         f"--rest_api_port={config.serving.rest_port}",
         f"--model_config_file={CONTAINER_MODELS_ROOT}/config/models.config",
+        # Re-read models.config (labels moved by a new kit) every minute, without a restart.
+        "--model_config_file_poll_wait_seconds=60",
         "--enable_batching=true",
         f"--batching_parameters_file={CONTAINER_MODELS_ROOT}/config/batching.config",
         # Replays assets.extra/tf_serving_warmup_requests before a version takes traffic.
@@ -209,6 +236,9 @@ def inference_service(config: Config) -> str:
                     # under storageUri, on the same REST API as `fullthrottle serve`.
                     "modelFormat": {"name": "tensorflow"},
                     "storageUri": f"pvc://{config.model_name}-models/",
+                    # The runtime's TF Serving release: the tag of serving.image, so it is at
+                    # least as new as the TensorFlow that wrote the SavedModel.
+                    "runtimeVersion": config.serving.image.rsplit(":", 1)[-1],
                     "args": ["--enable_batching=true", "--enable_model_warmup=true"],
                 }
             }

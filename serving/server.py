@@ -1,248 +1,75 @@
-"""`fullthrottle serve`: KServe's model server answering TF Serving's REST API.
+"""`fullthrottle serve`: KServe's model server answering TF Serving's REST and gRPC APIs.
 
-The HTTP and protocol side is KServe's (`kserve.ModelServer`'s FastAPI app, data plane, model
-registry, error handlers, V1 protocol: ``POST /v1/models/<name>:predict``, ``GET /v1/models``).
-This module adds only what TF Serving has and KServe's V1 lacks:
+KServe provides the server (its FastAPI app ``kserve.model_server.app``, `RESTServer` on
+uvicorn, the model registry and data plane, `/metrics` and its V2 routes); this module adds TF
+Serving's API on top, through KServe's public API only:
 
-- versions: ``POST /v1/models/<name>/versions/<v>:predict`` and TF Serving's status reply for
-  ``GET /v1/models/<name>[/versions/<v>]`` (``model_version_status``);
-- TF Serving's metadata reply, ``GET /v1/models/<name>[/versions/<v>]/metadata``: each served
-  signature's inputs and outputs with their dtypes and shapes, so clients can type their values
-  (`fullthrottle predict` reads it to send int64 columns as int64);
-- a request-size limit (413 with ``{"error": ...}``);
-- `VersionedModels`: loads the newest complete versions from the push folder, replays each
-  version's warmup records before it takes traffic, and swaps versions in one assignment, so a
-  request is answered by either the old or the new version and never fails on the switch.
+- one route for every ``/v1/...`` path, registered on KServe's app before KServe registers its
+  own, parses the path with TF Serving's patterns (``/v1/models/<name>[/versions/<v> |
+  /labels/<l>][:predict|:classify|:regress]`` and ``[/metadata]``) and answers as TF Serving
+  does (`serving.rest_protocol`), errors included (``{"error": ...}`` with TF Serving's code);
+- predict, classify and regress go through KServe's data plane (`DataPlane.infer`) to a
+  `kserve.Model`, for REST and gRPC alike, so KServe's registry and request metrics see them;
+- TF Serving's gRPC services (`serving.grpc_service`) on a second port, in the same event loop;
+- a request-size limit (413), and the version poller of `serving.servables.VersionedModels`,
+  which also refreshes the version labels.
 
-Model names and versions from a request are looked up in memory, never joined into a path.
+`kserve.ModelServer.start` is not used, for two reasons it has no option for: it binds REST to
+0.0.0.0 (this server listens where `serving.host` says, 127.0.0.1 by default) and it would start
+KServe's own gRPC server (the V2 protocol) where TF Serving's belongs. So `run_server` builds
+KServe's public `RESTServer` as `ModelServer.start` does, sets its uvicorn config's host, and
+runs it beside the gRPC server (a test checks the server is not reachable on another loopback
+address, and fails loudly if KServe stops honouring the host).
 
 Per-request log lines (uvicorn's access log, KServe's timing trace) are off unless asked for:
-about 400 bytes per request written to a pipe nobody drains is how a server stops answering
-(measured: the hot-swap test's server blocked in a log write after ~150 requests once its
-stdout pipe was full; TF Serving does not log requests either).
+about 400 bytes per request written to a pipe nobody drains is how a server stops answering.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
+import re
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import tensorflow as tf
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serving.push import WARMUP_RELATIVE_PATH, replay_warmup, version_dirs
-from serving.rest_protocol import RequestError, decode_predict_request, encode_predict_response
-from serving.signatures import PREDICT_TRANSFORMED, TRANSFORM_FEATURES
+from serving import rest_protocol, servables
+from serving.servables import LabelSource, VersionedModels
+from serving.status import StatusError, invalid_argument
 
 log = logging.getLogger("fullthrottle.serve")
 VERSION_HEADER = "x-fullthrottle-model-version"
-# Signatures a REST client may call. transform_features and predict_transformed are internal
-# (the Evaluator and the TFLite export use them), as TF Serving would still expose them, but
-# they take transformed tensors or labels that clients do not have.
-_HIDDEN_SIGNATURES = (TRANSFORM_FEATURES, PREDICT_TRANSFORMED)
+
+# TF Serving's REST paths (http_rest_api_handler.cc), case-insensitive as there.
+_PREDICT_PATH = re.compile(
+    r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)",
+    re.IGNORECASE,
+)
+_STATUS_PATH = re.compile(
+    r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?",
+    re.IGNORECASE,
+)
+_CALL_KEY = "fullthrottle_call"
 
 
 @dataclass(frozen=True)
-class LoadedVersion:
-    version: int
-    path: str
-    signatures: Mapping[str, Any]  # name -> concrete function
-    input_specs: Mapping[str, Mapping[str, tf.TensorSpec]]
-    warmup_records: int
+class Call:
+    """One request for the KServe model: which servable, and the work to run on it."""
 
-
-def is_complete(path: str) -> bool:
-    """A version folder TF Serving could load: saved_model.pb and, if any, the variables index."""
-    if not os.path.isfile(os.path.join(path, "saved_model.pb")):
-        return False
-    variables = os.path.join(path, "variables")
-    return not os.path.isdir(variables) or os.path.isfile(
-        os.path.join(variables, "variables.index")
-    )
-
-
-def load_version(version: int, path: str) -> LoadedVersion:
-    """Loads one version and replays its warmup records (as TF Serving does) before it serves."""
-    loaded = tf.saved_model.load(path)
-    all_signatures = dict(loaded.signatures)
-    signatures = {name: fn for name, fn in all_signatures.items() if name not in _HIDDEN_SIGNATURES}
-    input_specs = {name: dict(fn.structured_input_signature[1]) for name, fn in signatures.items()}
-    warmup_path = os.path.join(path, WARMUP_RELATIVE_PATH)
-    warmed = 0
-    if os.path.isfile(warmup_path):
-        records = [r.numpy() for r in tf.data.TFRecordDataset(warmup_path)]
-        # Replayed on the object loaded above: the warmed functions are the ones that serve.
-        warmed = replay_warmup(path, records, loaded=loaded)
-    # Keep the loaded object alive: the signatures reference its variables.
-    return LoadedVersion(version, path, _KeepAlive(signatures, loaded), input_specs, warmed)
-
-
-class _KeepAlive(dict):
-    """A dict of signatures that also holds the loaded SavedModel object they belong to."""
-
-    def __init__(self, signatures: Mapping[str, Any], owner: Any) -> None:
-        super().__init__(signatures)
-        self.owner = owner
-
-
-class VersionedModels:
-    """The loaded versions of one model, refreshed from its push folder.
-
-    Owns: which versions are loaded (the newest `serve_versions` complete ones) and the switch.
-    Refuses: folders that are not integers (staging, deleting), incomplete folders, versions that
-    fail to load or to answer their warmup (logged, skipped, not retried).
-    """
-
-    def __init__(self, serving_dir: str, *, serve_versions: int) -> None:
-        self.serving_dir = serving_dir
-        self.serve_versions = serve_versions
-        self._loaded: dict[int, LoadedVersion] = {}
-        self._failed: set[int] = set()
-        self._lock = threading.Lock()  # one refresh at a time; readers never take it
-
-    @property
-    def versions(self) -> dict[int, LoadedVersion]:
-        return self._loaded  # replaced, never mutated: a reader sees one consistent set
-
-    def newest(self) -> LoadedVersion | None:
-        loaded = self._loaded
-        return loaded[max(loaded)] if loaded else None
-
-    def refresh(self) -> list[int]:
-        """Loads new complete versions, unloads versions beyond the newest N; returns new ones."""
-        with self._lock:
-            candidates = {
-                v: p
-                for v, p in version_dirs(self.serving_dir).items()
-                if v not in self._failed and is_complete(p)
-            }
-            wanted = sorted(candidates, reverse=True)[: self.serve_versions]
-            current = self._loaded
-            updated = {v: current[v] for v in wanted if v in current}
-            new = []
-            for version in wanted:
-                if version in updated:
-                    continue
-                try:
-                    updated[version] = load_version(version, candidates[version])
-                    new.append(version)
-                except Exception as exc:  # noqa: BLE001 - a bad version must not stop serving the good one
-                    self._failed.add(version)
-                    log.error(
-                        "version %s in %s cannot be served, skipped: %s",
-                        version,
-                        self.serving_dir,
-                        exc,
-                    )
-            if not updated and current:
-                return []  # nothing loadable now (e.g. the folder was emptied): keep serving
-            self._loaded = updated  # the switch: one assignment
-            return new
-
-
-def predict(
-    models: VersionedModels, body: Any, *, version: int | None
-) -> tuple[dict[str, Any], int]:
-    """Answers one predict body; returns (response body, version that answered)."""
-    if isinstance(body, (bytes, str)):
-        # KServe leaves bodies with a non-JSON content type undecoded; TF Serving reads any body
-        # as JSON (curl -d sends form encoding), so we do too.
-        import orjson
-
-        try:
-            body = orjson.loads(body)
-        except orjson.JSONDecodeError as exc:
-            raise RequestError(f"the request body is not JSON: {exc}") from None
-    loaded = models.versions
-    if version is None:
-        if not loaded:
-            raise LookupError("no version is loaded yet")
-        chosen = loaded[max(loaded)]
-    else:
-        if version not in loaded:
-            raise LookupError(f"version {version} is not served; served versions: {sorted(loaded)}")
-        chosen = loaded[version]
-    request = decode_predict_request(body, signatures=chosen.input_specs)
-    function = chosen.signatures[request.signature]
-    try:
-        outputs = function(**{name: tf.constant(array) for name, array in request.inputs.items()})
-    except tf.errors.InvalidArgumentError as exc:
-        # e.g. a serialized tf.Example whose feature types differ from the model's raw schema.
-        first = str(exc).strip().splitlines()
-        detail = next(
-            (line for line in first if "Key:" in line or "Feature:" in line),
-            first[0] if first else "",
-        )
-        raise RequestError(
-            f"the model refused the input of signature {request.signature!r}: {detail.strip()}"
-        ) from None
-    return encode_predict_response(outputs, row_format=request.row_format), chosen.version
-
-
-def version_status(models: VersionedModels, version: int | None = None) -> dict[str, Any]:
-    """TF Serving's `GET /v1/models/<name>` reply."""
-    loaded = models.versions
-    versions = sorted(loaded, reverse=True) if version is None else [version]
-    return {
-        "model_version_status": [
-            {
-                "version": str(v),
-                "state": "AVAILABLE",
-                "status": {"error_code": "OK", "error_message": ""},
-            }
-            for v in versions
-        ]
-    }
-
-
-def version_metadata(loaded: LoadedVersion, *, model_name: str) -> dict[str, Any]:
-    """TF Serving's `GET /v1/models/<name>[/versions/<v>]/metadata` reply for one version.
-
-    The same JSON shape TF Serving writes (a `SignatureDefMap` in proto3 JSON), for the signatures
-    this server answers: input and output names, dtypes (``DT_INT64``, ...) and shapes.
-    """
-    from tensorflow.core.framework import types_pb2
-
-    def tensor(spec: tf.TensorSpec, name: str) -> dict[str, Any]:
-        shape = spec.shape
-        return {
-            "dtype": types_pb2.DataType.Name(spec.dtype.as_datatype_enum),  # DT_FLOAT, ...
-            "tensor_shape": {
-                "dim": []
-                if shape.rank is None
-                else [{"size": str(-1 if d is None else d), "name": ""} for d in shape.as_list()],
-                "unknown_rank": shape.rank is None,
-            },
-            "name": name,
-        }
-
-    signature_defs = {}
-    for signature, function in loaded.signatures.items():
-        outputs = function.structured_outputs
-        signature_defs[signature] = {
-            "inputs": {
-                name: tensor(spec, name) for name, spec in loaded.input_specs[signature].items()
-            },
-            "outputs": {
-                name: tensor(tf.TensorSpec.from_tensor(value), name)
-                if isinstance(value, tf.Tensor)
-                else tensor(value, name)
-                for name, value in outputs.items()
-            },
-            "method_name": "tensorflow/serving/predict",
-        }
-    return {
-        "model_spec": {"name": model_name, "signature_name": "", "version": str(loaded.version)},
-        "metadata": {"signature_def": {"signature_def": signature_defs}},
-    }
+    method: str  # predict, classify, regress, metadata
+    model_name: str
+    version: int | None
+    label: str | None
+    work: Callable[[servables.LoadedVersion], Any]
 
 
 class RequestTooLarge(Exception):
@@ -262,6 +89,12 @@ class BodySizeLimit:
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            # Read the body to its end without keeping it, then answer: a client still sending
+            # when the answer comes and the connection closes sees a broken pipe, not the 413.
+            while True:
+                message = await receive()
+                if message["type"] != "http.request" or not message.get("more_body"):
+                    break
             await _send_json(send, 413, {"error": self._message(int(declared))})
             return
         received = 0
@@ -283,20 +116,8 @@ class BodySizeLimit:
         )
 
 
-def _client_error(status: int) -> Any:
-    """An exception handler answering `status` with ``{"error": ...}``, logged as one line."""
-
-    async def handler(_: Any, exc: Exception) -> JSONResponse:
-        log.info("%s: %s", status, exc)
-        return JSONResponse(status_code=status, content={"error": str(exc)})
-
-    return handler
-
-
 async def _send_json(send: Any, status: int, body: dict) -> None:
-    import orjson
-
-    payload = orjson.dumps(body)
+    payload = rest_protocol.dumps(body)
     await send(
         {
             "type": "http.response.start",
@@ -310,10 +131,22 @@ async def _send_json(send: Any, status: int, body: dict) -> None:
     await send({"type": "http.response.body", "body": payload})
 
 
-def make_kserve_model(name: str, models: VersionedModels) -> Any:
-    """A `kserve.Model` whose predict runs the requested signature in a worker thread."""
+def _json_response(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        content=rest_protocol.dumps(body),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )
+
+
+def _error_response(exc: StatusError) -> Response:
+    return _json_response(exc.http_status, {"error": exc.message})
+
+
+def make_kserve_model(name: str, models: VersionedModels, executor: ThreadPoolExecutor) -> Any:
+    """The `kserve.Model` every TF Serving call goes through: resolve the servable, run the work."""
     import kserve
-    from kserve.errors import InvalidInput, ModelNotFound
 
     class TFServingModel(kserve.Model):
         def __init__(self) -> None:
@@ -323,115 +156,193 @@ def make_kserve_model(name: str, models: VersionedModels) -> Any:
         async def predict(
             self, payload: Any, headers: dict | None = None, response_headers: dict | None = None
         ) -> dict:
-            raw_version = (headers or {}).get(VERSION_HEADER)
-            version = int(raw_version) if raw_version else None
-            try:
-                # TensorFlow releases the GIL: run the signature off the event loop so
-                # concurrent requests overlap instead of queueing behind one another.
-                body, answered = await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: predict(models, payload, version=version)
-                )
-            except RequestError as exc:
-                raise InvalidInput(str(exc)) from None
-            except LookupError as exc:
-                raise ModelNotFound(f"{name} ({exc})") from None
+            call: Call = payload[_CALL_KEY]
+            loaded = models.resolve(call.model_name, version=call.version, label=call.label)
+            # TensorFlow releases the GIL: run the work off the event loop so concurrent
+            # requests overlap instead of queueing behind one another.
+            result = await asyncio.get_running_loop().run_in_executor(executor, call.work, loaded)
             if response_headers is not None:
-                response_headers[VERSION_HEADER] = str(answered)
-            return body
+                response_headers[VERSION_HEADER] = str(loaded.version)
+            return {"result": result}
 
     return TFServingModel()
 
 
+def make_dispatch(dataplane: Any, registered_name: str) -> Any:
+    """Runs `work` on the servable a model spec names, through KServe's data plane."""
+
+    async def dispatch(
+        method: str,
+        model_name: str,
+        version: int | None,
+        label: str | None,
+        work: Callable[[servables.LoadedVersion], Any],
+    ) -> tuple[Any, dict[str, str]]:
+        call = Call(method, model_name, version, label, work)
+        response, headers = await dataplane.infer(
+            model_name=registered_name, request={_CALL_KEY: call}, headers={}
+        )
+        return response["result"], headers
+
+    return dispatch
+
+
+class _EveryPath(Convertor):
+    regex = r"[\s\S]*"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
 def install_tf_serving_routes(
-    app: Any, dataplane: Any, *, model_name: str, models: VersionedModels, max_request_bytes: int
+    app: Any,
+    *,
+    dispatch: Any,
+    models: VersionedModels,
+    max_request_bytes: int,
 ) -> None:
-    """Adds TF Serving's version routes and status replies to KServe's app (before its own)."""
-    import orjson
-    from kserve.errors import InvalidInput, ModelNotFound
+    """TF Serving's REST API on KServe's app: every /v1/ path, before KServe's own routes."""
 
-    def check_name(requested: str) -> None:
-        if requested != model_name:
-            raise ModelNotFound(requested)
+    def parse_version(text: str | None) -> int | None:
+        if text is None:
+            return None
+        number = int(text)
+        if number > 2**63 - 1:
+            raise invalid_argument(f"Failed to convert version: {text}")
+        return number
 
-    def parse_version(text: str) -> int:
-        if not text.isdigit() or len(text) > 19:
-            raise InvalidInput(f"a model version is a positive integer, got {text!r}")
-        return int(text)
-
-    async def status(model_name: str) -> dict:
-        check_name(model_name)
-        return version_status(models)
-
-    async def status_version(model_name: str, version: str) -> dict:
-        check_name(model_name)
-        number = parse_version(version)
-        if number not in models.versions:
-            raise ModelNotFound(f"{model_name} version {number}")
-        return version_status(models, number)
-
-    def chosen(version: str | None) -> LoadedVersion:
-        loaded = models.versions
-        if version is None:
-            if not loaded:
-                raise ModelNotFound(f"{model_name} (no version is loaded yet)")
-            return loaded[max(loaded)]
-        number = parse_version(version)
-        if number not in loaded:
-            raise ModelNotFound(f"{model_name} version {number}")
-        return loaded[number]
-
-    async def metadata(model_name: str) -> dict:
-        check_name(model_name)
-        return version_metadata(chosen(None), model_name=model_name)
-
-    async def metadata_version(model_name: str, version: str) -> dict:
-        check_name(model_name)
-        return version_metadata(chosen(version), model_name=model_name)
-
-    async def predict_version(model_name: str, version: str, request: Request) -> Any:
-        check_name(model_name)
-        number = parse_version(version)
+    async def post(path: str, request: Request) -> Response:
+        match = _PREDICT_PATH.fullmatch(path)
+        if not match:
+            raise invalid_argument(f"Malformed request: POST {path}")
+        name, version_text, label, method = match.groups()
+        version = parse_version(version_text)
         body = await request.body()
-        headers = dict(request.headers.items())
-        headers[VERSION_HEADER] = str(number)
-        decoded, _ = dataplane.decode(body=body, headers=headers)
-        response, response_headers = await dataplane.infer(
-            model_name=model_name, request=decoded, headers=headers
-        )
-        response_headers.pop("content-length", None)
-        # orjson, as KServe's own V1 route: a NaN output becomes null instead of a 500.
+        method = method.lower()
+
+        def work(loaded: servables.LoadedVersion) -> bytes:
+            document = rest_protocol.parse_body(body)
+            if method == "predict":
+                signature = rest_protocol.signature_name(document)
+                dtypes = servables.input_dtypes(loaded, signature)
+                decoded = rest_protocol.predict_inputs(document, dtypes)
+                outputs = servables.predict(loaded, signature, decoded.inputs)
+                answer = rest_protocol.predict_response(outputs, row_format=decoded.row_format)
+            else:
+                examples = rest_protocol.examples_request(document)
+                serialized = servables.merge_context(examples.context, examples.examples)
+                if method == "classify":
+                    rows = servables.classify(loaded, examples.signature_name, serialized)
+                    answer = rest_protocol.classify_response(rows)
+                else:
+                    values = servables.regress(loaded, examples.signature_name, serialized)
+                    answer = rest_protocol.regress_response(values)
+            return rest_protocol.dumps(answer)
+
+        payload, headers = await dispatch(method, name, version, label, work)
         return Response(
-            content=orjson.dumps(response),
+            content=payload,
             media_type="application/json",
-            headers=response_headers,
+            headers={VERSION_HEADER: headers[VERSION_HEADER]},
         )
 
-    async def too_large(_: Any, exc: RequestTooLarge) -> JSONResponse:
-        return JSONResponse(status_code=413, content={"error": str(exc)})
+    async def get(path: str) -> Response:
+        match = _STATUS_PATH.fullmatch(path)
+        if not match:
+            raise invalid_argument(f"Malformed request: GET {path}")
+        name, version_text, label, subresource = match.groups()
+        if not name:
+            raise invalid_argument("Missing model name in request.")
+        version = parse_version(version_text)
+        if subresource:
+            loaded = models.resolve(name, version=version, label=label)
+            response = servables.metadata(loaded, model_name=name)
+            body = _metadata_json(response)
+        else:
+            body = _status_json(models.status(name, version=version, label=label))
+        return _json_response(200, body)
 
-    async def http_error(_: Any, exc: StarletteHTTPException) -> JSONResponse:
-        # Unknown paths and methods: TF Serving's {"error": ...} shape instead of {"detail": ...}.
-        return JSONResponse(
-            status_code=exc.status_code,
-            content={"error": f"{exc.detail}: see /v1/models/{model_name}"},
-        )
+    async def v1(request: Request) -> Response:
+        path = request.url.path
+        try:
+            if request.method == "POST":
+                return await post(path, request)
+            if request.method == "GET":
+                return await get(path)
+            raise invalid_argument(f"Malformed request: {request.method} {path}")
+        except StatusError as exc:
+            return _error_response(exc)
+        except RequestTooLarge as exc:
+            return _json_response(413, {"error": str(exc)})
+        except Exception:  # noqa: BLE001 - a server fault: logged with its trace, answered 500
+            log.exception("internal error answering %s %s", request.method, path)
+            return _json_response(
+                500, {"error": f"internal error answering {request.method} {path}"}
+            )
 
-    # FastAPI matches routes in registration order: these come before KServe's V1 routes.
+    async def http_error(_: Any, exc: StarletteHTTPException) -> Response:
+        # Paths outside /v1/ that KServe does not serve either: TF Serving's {"error": ...}.
+        return _json_response(exc.status_code, {"error": f"{exc.detail}"})
+
+    # FastAPI matches routes in registration order: this one comes before KServe's V1 routes.
+    # Starlette's `path` convertor stops at a newline (its regex is ".*"), and a model name
+    # with an encoded newline would then reach KServe's V1 route: match every character.
+    register_url_convertor("tf_serving_path", _EveryPath())
     app.add_api_route(
-        "/v1/models/{model_name}/versions/{version}:predict",
-        predict_version,
-        methods=["POST"],
+        "/v1/{rest:tf_serving_path}",
+        v1,
+        methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
         response_model=None,
+        include_in_schema=False,
     )
-    app.add_api_route(
-        "/v1/models/{model_name}/versions/{version}/metadata", metadata_version, methods=["GET"]
-    )
-    app.add_api_route("/v1/models/{model_name}/metadata", metadata, methods=["GET"])
-    app.add_api_route("/v1/models/{model_name}/versions/{version}", status_version, methods=["GET"])
-    app.add_api_route("/v1/models/{model_name}", status, methods=["GET"])
-    app.add_exception_handler(RequestTooLarge, too_large)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
+
+
+def _metadata_json(response: Any) -> dict[str, Any]:
+    """GetModelMetadataResponse as TF Serving's REST API writes it (proto3 JSON, field names)."""
+    from google.protobuf import json_format
+
+    return json_format.MessageToDict(
+        response,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+
+
+def _status_json(response: Any) -> dict[str, Any]:
+    """GetModelStatusResponse as TF Serving's REST API writes it (error_code "OK" spelled out)."""
+    from tensorflow_serving.apis import get_model_status_pb2
+
+    return {
+        "model_version_status": [
+            {
+                "version": str(entry.version),
+                "state": get_model_status_pb2.ModelVersionStatus.State.Name(entry.state),
+                "status": {"error_code": "OK", "error_message": ""},
+            }
+            for entry in response.model_version_status
+        ]
+    }
+
+
+def _import_kserve_model_server() -> Any:
+    """`kserve.model_server`, imported with this process's own flags hidden.
+
+    KServe parses ``sys.argv`` when the module is imported (``parse_known_args``, so unknown
+    flags pass), but argparse also takes unique prefixes: our ``--config FILE`` would be read
+    as KServe's ``--configure_logging FILE`` and end the process. KServe reads nothing else from
+    argv; every setting this server needs is passed to KServe's constructors explicitly.
+    """
+    saved_argv, sys.argv = sys.argv, sys.argv[:1]
+    try:
+        import kserve.model_server as model_server
+    finally:
+        sys.argv = saved_argv
+    return model_server
 
 
 def run_server(
@@ -440,56 +351,53 @@ def run_server(
     model_name: str,
     host: str,
     port: int,
+    grpc_port: int,
     max_request_bytes: int,
     poll_seconds: float,
     serve_versions: int,
+    label_source: LabelSource | None = None,
     access_log: bool = False,
 ) -> None:
     """Serves until SIGINT/SIGTERM. Raises FileNotFoundError when no complete version exists.
 
-    `access_log` turns on one log line per request (uvicorn's access log and KServe's timing
-    trace); off, only start-up, version switches and errors are logged.
+    `grpc_port` 0 serves REST only. `label_source` returns the version labels (label ->
+    version); it is asked at start and at every poll, and a failure keeps the labels it gave
+    last. `access_log` turns on one log line per request.
     """
-    models = VersionedModels(serving_dir, serve_versions=serve_versions)
-    models.refresh()
+    models = VersionedModels(serving_dir, model_name=model_name, serve_versions=serve_versions)
+
+    def current_labels() -> dict[str, int] | None:
+        if label_source is None:
+            return {}
+        try:
+            return dict(label_source())
+        except Exception as exc:  # noqa: BLE001 - labels are kept as they were; retried next poll
+            log.error("reading the version labels failed, keeping %s: %s", models.labels, exc)
+            return None
+
+    models.refresh(labels=current_labels())
     newest = models.newest()
     if newest is None:
         raise FileNotFoundError(serving_dir)
-    # kserve.model_server parses sys.argv when imported; our own flags are not its flags.
-    saved_argv, sys.argv = sys.argv, sys.argv[:1]
-    try:
-        from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
-        from kserve.errors import InvalidInput, ModelNotFound
-        from kserve.model_server import ModelServer, app
-        from kserve.protocol.rest.server import RESTServer
-    finally:
-        sys.argv = saved_argv
+    model_server = _import_kserve_model_server()
+    from kserve.constants.constants import FASTAPI_APP_IMPORT_STRING
+    from kserve.protocol.rest.server import RESTServer
 
-    server = ModelServer(http_port=port, enable_grpc=False, workers=1, enable_latency_logging=False)
+    server = model_server.ModelServer(
+        http_port=port, enable_grpc=False, workers=1, enable_latency_logging=False
+    )
     if not access_log:
         # ModelServer configured KServe's logging just now; these two loggers write per request.
         for name in ("uvicorn.access", "kserve.trace"):
             logging.getLogger(name).setLevel(logging.WARNING)
-    server.register_model(make_kserve_model(model_name, models))
+    executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tensorflow")
+    model = make_kserve_model(model_name, models, executor)
+    server.register_model(model)
+    dispatch = make_dispatch(server.dataplane, model_name)
     install_tf_serving_routes(
-        app,
-        server.dataplane,
-        model_name=model_name,
-        models=models,
-        max_request_bytes=max_request_bytes,
+        model_server.app, dispatch=dispatch, models=models, max_request_bytes=max_request_bytes
     )
-
-    class TFServingRESTServer(RESTServer):
-        """KServe's REST server, except that a client's mistake (4xx) logs no stack trace."""
-
-        def _add_exception_handlers(self, fastapi_app: Any) -> None:
-            super()._add_exception_handlers(fastapi_app)
-            # KServe logs every InvalidInput / ModelNotFound with its traceback at ERROR: a bad
-            # request would fill the log with server-side traces of nothing wrong on the server.
-            fastapi_app.add_exception_handler(InvalidInput, _client_error(400))
-            fastapi_app.add_exception_handler(ModelNotFound, _client_error(404))
-
-    rest = TFServingRESTServer(
+    rest = RESTServer(
         FASTAPI_APP_IMPORT_STRING,
         server.dataplane,
         server.model_repository_extension,
@@ -504,23 +412,49 @@ def run_server(
     def poll() -> None:
         while not stop.wait(poll_seconds):
             try:
-                for version in models.refresh():
+                before = dict(models.labels)
+                for version in models.refresh(labels=current_labels()):
                     print(
                         f"fullthrottle serve: now serving {model_name} version {version}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                if models.labels != before:
+                    print(
+                        f"fullthrottle serve: labels of {model_name} now {models.labels}",
                         file=sys.stderr,
                         flush=True,
                     )
             except Exception as exc:  # noqa: BLE001 - a failed scan is retried at the next poll
                 log.error("scanning %s failed: %s", serving_dir, exc)
 
-    threading.Thread(target=poll, name="version-poller", daemon=True).start()
-    print(
-        f"fullthrottle serve: serving {model_name} version {newest.version} from {serving_dir} at "
-        f"http://{host}:{port}/v1/models/{model_name} (KServe model server, TF Serving REST API)",
-        file=sys.stderr,
-        flush=True,
-    )
-    try:
-        asyncio.run(rest.start())
-    finally:
-        stop.set()
+    async def serve() -> None:
+        import grpc
+
+        from serving.grpc_service import add_services
+
+        grpc_server = None
+        if grpc_port:
+            grpc_server = grpc.aio.server()
+            add_services(grpc_server, dispatch=dispatch, models=models)
+            if grpc_server.add_insecure_port(f"{host}:{grpc_port}") == 0:
+                raise OSError(f"cannot listen for gRPC on {host}:{grpc_port}")
+            await grpc_server.start()
+        threading.Thread(target=poll, name="version-poller", daemon=True).start()
+        grpc_text = f" and grpc://{host}:{grpc_port}" if grpc_port else ""
+        print(
+            f"fullthrottle serve: serving {model_name} version {newest.version} from "
+            f"{serving_dir} at http://{host}:{port}/v1/models/{model_name}{grpc_text} "
+            f"(KServe model server, TF Serving REST and gRPC APIs); labels {models.labels}",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            await rest.start()
+        finally:
+            stop.set()
+            if grpc_server is not None:
+                await grpc_server.stop(grace=2)
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    asyncio.run(serve())

@@ -7,6 +7,10 @@ raw features, and three signatures:
   ``examples``) -> ``probabilities`` float32 ``[None, num_classes]`` and ``classes`` string
   ``[None]`` (the most likely class name). The shape is what TF Serving's request batching and
   TFMA's Evaluator expect.
+- ``classification``: TF Serving's classification signature (method
+  ``tensorflow/serving/classify``, for ``:classify`` and gRPC ``Classify``): serialized
+  ``tf.Example`` (``inputs``) -> ``classes`` string ``[None, num_classes]`` (every class name)
+  and ``scores`` float32 ``[None, num_classes]`` (their probabilities).
 - ``predict_raw``: one named tensor ``[None]`` per raw feature (for JSON requests) -> the same
   outputs. Every feature must be sent.
 - ``transform_features``: serialized ``tf.Example`` (label included) -> the transformed features,
@@ -32,6 +36,7 @@ import tensorflow_transform as tft
 from fullthrottle.core.features import LABEL_VOCAB
 
 SERVING_DEFAULT = "serving_default"
+CLASSIFICATION = "classification"
 PREDICT_RAW = "predict_raw"
 TRANSFORM_FEATURES = "transform_features"
 PREDICT_TRANSFORMED = "predict_transformed"
@@ -99,6 +104,12 @@ class ServingModule(tf.Module):
         def transform_features(examples: tf.Tensor) -> dict[str, tf.Tensor]:
             return self.tft_layer(tf.io.parse_example(examples, full_spec))
 
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        def classification(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+            scores = self._predict(tf.io.parse_example(inputs, raw_spec))["probabilities"]
+            classes = tf.tile(self.class_names[tf.newaxis, :], [tf.shape(scores)[0], 1])
+            return {"classes": classes, "scores": scores}
+
         raw_signature = {
             name: tf.TensorSpec([None], feature.dtype, name=name)
             for name, feature in raw_spec.items()
@@ -121,6 +132,7 @@ class ServingModule(tf.Module):
 
         return {
             SERVING_DEFAULT: serve_examples.get_concrete_function(),
+            CLASSIFICATION: classification.get_concrete_function(),
             PREDICT_RAW: predict_raw.get_concrete_function(),
             TRANSFORM_FEATURES: transform_features.get_concrete_function(),
             PREDICT_TRANSFORMED: predict_transformed.get_concrete_function(),
@@ -218,3 +230,37 @@ def export_serving_model(
     """Writes the SavedModel with all signatures to `export_dir` (which must not exist yet)."""
     module = ServingModule(model, tft_output, label, features)
     tf.saved_model.save(module, export_dir, signatures=module.signatures())
+    set_signature_methods(export_dir, {CLASSIFICATION: CLASSIFY_METHOD})
+
+
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+
+
+def set_signature_methods(export_dir: str, methods: Mapping[str, str]) -> None:
+    """Marks signatures as TF Serving classification or regression signatures.
+
+    TF Serving classifies or regresses only with a signature whose `method_name` says so, and
+    `tf.saved_model.save` writes every signature as a predict one with no option to change it;
+    so the method names are set in saved_model.pb after saving (written to a temporary file and
+    renamed over it). TensorFlow's loader ignores method names: the model loads as before.
+    """
+    import os
+
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = os.path.join(export_dir, "saved_model.pb")
+    saved_model = saved_model_pb2.SavedModel()
+    with open(path, "rb") as file:
+        saved_model.ParseFromString(file.read())
+    for meta_graph in saved_model.meta_graphs:
+        for name, method in methods.items():
+            if name not in meta_graph.signature_def:
+                raise KeyError(f"{export_dir} has no signature {name!r} to mark as {method}")
+            meta_graph.signature_def[name].method_name = method
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as file:
+        file.write(saved_model.SerializeToString())
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temporary, path)

@@ -70,3 +70,38 @@ def test_deploy_kit_command_writes_the_kit(tmp_path):
         "deploy-kit", "--kit-dir", str(tmp_path / "kit2"), "--set", "serving.rest_port=8500"
     )
     assert bad.returncode == 2 and "must differ" in bad.stderr
+
+
+def test_version_labels_reach_models_config_and_the_config_map():
+    config = load_config(
+        overrides=["serving.version_labels.stable=3", "serving.version_labels.canary=4"]
+    )
+    kit = render_kit(config, kit_dir=REPO / "kit", project_root=REPO)
+    models_config = kit["models.config"]
+    assert 'version_labels { key: "canary" value: 4 }' in models_config
+    assert 'version_labels { key: "stable" value: 3 }' in models_config
+    config_map = next(iter(yaml.safe_load_all(kit["kubernetes.yaml"])))
+    assert config_map["data"]["models.config"] == models_config
+    (service,) = yaml.safe_load(kit["docker-compose.yaml"])["services"].values()
+    # Labels moved by a regenerated kit are picked up without a restart.
+    assert "--model_config_file_poll_wait_seconds=60" in service["command"]
+    isvc = yaml.safe_load(kit["inferenceservice.yaml"])
+    assert (
+        isvc["spec"]["predictor"]["model"]["runtimeVersion"] == config.serving.image.split(":")[1]
+    )
+    assert (
+        "version_labels"
+        not in render_kit(load_config(), kit_dir=REPO, project_root=REPO)["models.config"]
+    )
+
+
+def test_a_label_that_is_not_a_path_segment_is_refused():
+    import pytest
+
+    from fullthrottle.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"serving.version_labels"):
+        load_config(overrides=["serving.version_labels.a/b=3"])
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["serving.version_labels.stable=0"])
+    assert str(info.value) == "`serving.version_labels.stable` must be > 0, got 0"

@@ -1,7 +1,9 @@
-"""`fullthrottle serve` (KServe model server, TF Serving REST API) and `fullthrottle predict`.
+"""`fullthrottle serve` (KServe model server, TF Serving REST and gRPC APIs) and `fullthrottle predict`.
 
-One server process on a random 127.0.0.1 port serves a copy of the pipeline's push folder; the
-hot-swap test comes last because it pushes a new version into that folder.
+One server process on random 127.0.0.1 ports serves a copy of the pipeline's push folder, with
+the label `champion` read from a copy of the run's MLflow registry (the pipeline moved that
+alias to the pushed version); the hot-swap test comes last because it pushes a new version into
+that folder. `tests/test_serving_tf_serving_api.py` checks the API case by case on a small model.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import tensorflow as tf
 
 from fullthrottle.bench.serving import free_port, start_server, stop_server
 from serving.push import push_model, version_dirs
-from serving.server import is_complete
+from serving.servables import is_complete
 from tests.helpers import eval_split_examples, last_run, run_cli, strip_label
 
 pytestmark = pytest.mark.slow
@@ -52,21 +54,30 @@ def _get(url: str) -> tuple[int, dict]:
 def served(penguins_run, tmp_path_factory):
     output_dir, _ = penguins_run
     last = last_run(output_dir)
-    serving_dir = tmp_path_factory.mktemp("served") / "penguins"
+    work = tmp_path_factory.mktemp("served")
+    serving_dir = work / "penguins"
     shutil.copytree(Path(last["pushed_model_dir"]).parent, serving_dir)
-    port = free_port()
+    # The run's registry, copied: its `champion` alias names the pushed version.
+    shutil.copy(output_dir / "mlflow" / "mlflow.db", work / "mlflow.db")
+    port, grpc_port = free_port(), free_port()
     # A small request limit so the over-size case needs no megabytes; 0.2 s polling for the swap.
     process = start_server(
         str(serving_dir),
         model_name="penguins",
         port=port,
-        overrides=("serving.max_request_bytes=200000", "serving.poll_seconds=0.2"),
+        grpc_port=grpc_port,
+        overrides=(
+            "serving.max_request_bytes=200000",
+            "serving.poll_seconds=0.2",
+            f"tracking.uri=sqlite:///{work / 'mlflow.db'}",
+        ),
     )
     yield {
         "base": f"http://127.0.0.1:{port}/v1/models/penguins",
         "dir": serving_dir,
         "last": last,
         "port": port,
+        "grpc": f"127.0.0.1:{grpc_port}",
     }
     output = stop_server(process)
     assert "Traceback" not in output, output[-3000:]
@@ -83,10 +94,10 @@ def _rows(last: dict, limit: int = 24) -> tuple[list[bytes], dict[str, np.ndarra
 
 
 def _json_value(value):
+    """A raw feature value for a JSON body; a missing float stays NaN (TF Serving takes NaN)."""
     if isinstance(value, bytes):
         return value.decode()
-    value = value.item() if hasattr(value, "item") else value
-    return None if isinstance(value, float) and value != value else value
+    return value.item() if hasattr(value, "item") else value
 
 
 def test_rest_answers_like_the_saved_model_in_both_formats(served):
@@ -130,12 +141,17 @@ def _one_raw_instance(served) -> dict:
 
 
 MALFORMED = {
-    "missing key": (lambda i: {"signature_name": "predict_raw"}, 400, "exactly one of"),
-    "both keys": (lambda i: {"instances": [i], "inputs": {}}, 400, "both"),
+    "missing key": (
+        lambda i: {"signature_name": "predict_raw"},
+        400,
+        "Missing 'inputs' or 'instances' key",
+    ),
+    "both keys": (lambda i: {"instances": [i], "inputs": {}}, 400, "only one of"),
     "wrong type": (
         lambda i: {"signature_name": "predict_raw", "instances": [{**i, "bill_length_mm": "long"}]},
         400,
-        "takes a number",
+        "key: bill_length_mm of 'instances' list. Error: INVALID_ARGUMENT: JSON Value: \"long\" "
+        "Type: String is not of expected type: float",
     ),
     "wrong shape": (
         lambda i: {
@@ -143,12 +159,12 @@ MALFORMED = {
             "instances": [{**i, "island": ["Biscoe", "Dream"]}],
         },
         400,
-        "wrong shape",
+        "shape",
     ),
     "unknown feature": (
         lambda i: {"signature_name": "predict_raw", "instances": [{**i, "wings": 2}]},
         400,
-        "unknown feature",
+        "does not have named input: wings",
     ),
     "missing feature": (
         lambda i: {
@@ -156,15 +172,15 @@ MALFORMED = {
             "instances": [{k: v for k, v in i.items() if k != "sex"}],
         },
         400,
-        "missing feature",
+        "must only have keys",
     ),
-    "empty instances": (lambda i: {"instances": []}, 400, "empty"),
+    "empty instances": (lambda i: {"instances": []}, 400, "No values in 'instances' array"),
     "unknown signature": (
         lambda i: {"signature_name": "nope", "instances": [i]},
         400,
-        "signature_name",
+        'Serving signature key "nope" not found.',
     ),
-    "non-JSON body": (lambda i: b"{not json", 400, "request format"),
+    "non-JSON body": (lambda i: b"{not json", 400, "JSON Parse error"),
     "body over the size limit": (
         lambda i: b'{"instances": ["' + b"a" * 300_000 + b'"]}',
         413,
@@ -180,7 +196,7 @@ def test_malformed_request_gets_4xx_json_and_the_server_keeps_serving(served, ca
     body = make(instance)
     status, reply, _ = _post(served["base"] + ":predict", body)
     assert status == status_expected, reply
-    assert message.lower() in reply["error"].lower(), reply
+    assert set(reply) == {"error"} and message.lower() in reply["error"].lower(), reply
     status, reply, _ = _post(
         served["base"] + ":predict", {"signature_name": "predict_raw", "instances": [instance]}
     )
@@ -275,9 +291,19 @@ def test_metadata_route_describes_each_signature(served):
         "version": str(version),
     }
     signatures = reply["metadata"]["signature_def"]["signature_def"]
-    assert sorted(signatures) == ["predict_raw", "serving_default"]
+    # Every signature of saved_model.pb, as TF Serving shows them.
+    assert sorted(signatures) == [
+        "__saved_model_init_op",
+        "classification",
+        "predict_raw",
+        "predict_transformed",
+        "serving_default",
+        "transform_features",
+    ]
+    assert signatures["classification"]["method_name"] == "tensorflow/serving/classify"
+    assert signatures["serving_default"]["method_name"] == "tensorflow/serving/predict"
     examples = signatures["serving_default"]["inputs"]["examples"]
-    assert examples["dtype"] == "DT_STRING"
+    assert examples["dtype"] == "DT_STRING" and examples["name"] == "serving_default_examples:0"
     assert examples["tensor_shape"]["dim"] == [{"size": "-1", "name": ""}]
     probabilities = signatures["serving_default"]["outputs"]["probabilities"]
     assert probabilities["dtype"] == "DT_FLOAT"
@@ -288,17 +314,145 @@ def test_metadata_route_describes_each_signature(served):
     assert _get(f"{served['base']}/versions/7/metadata")[0] == 404
 
 
-def test_int64_raw_input_takes_integral_floats_only(served):
+def test_int64_raw_input_takes_json_integers_only(served):
+    """As TF Serving: an int64 input takes a JSON integer; 3750.0 and 3750.5 are refused."""
     instance = {**_one_raw_instance(served), "body_mass_g": 3750}
     url = served["base"] + ":predict"
     status, as_int, _ = _post(url, {"signature_name": "predict_raw", "instances": [instance]})
     assert status == 200, as_int
-    as_float = {**instance, "body_mass_g": 3750.0}
-    status, reply, _ = _post(url, {"signature_name": "predict_raw", "instances": [as_float]})
-    assert status == 200 and reply == as_int, reply
-    fraction = {**instance, "body_mass_g": 3750.5}
-    status, reply, _ = _post(url, {"signature_name": "predict_raw", "instances": [fraction]})
-    assert status == 400 and "'body_mass_g'" in reply["error"], reply
+    for number in (3750.0, 3750.5):
+        refused = {**instance, "body_mass_g": number}
+        status, reply, _ = _post(url, {"signature_name": "predict_raw", "instances": [refused]})
+        assert status == 400, reply
+        assert "key: body_mass_g" in reply["error"]
+        assert "is not of expected type: int64" in reply["error"], reply
+
+
+def test_classify_answers_the_models_probabilities(served):
+    examples, _ = _rows(served["last"], limit=8)
+    model = tf.saved_model.load(served["last"]["pushed_model_dir"])
+    expected = model.signatures["serving_default"](examples=tf.constant(examples))
+    class_names = [c.decode() for c in expected["classes"].numpy()]
+    status, reply, _ = _post(
+        served["base"] + ":classify",
+        {
+            "signature_name": "classification",
+            "examples": [_example_json(e) for e in examples],
+        },
+    )
+    assert status == 200, reply
+    results = reply["results"]
+    np.testing.assert_allclose(
+        [[score for _, score in row] for row in results],
+        expected["probabilities"].numpy(),
+        atol=1e-6,
+    )
+    assert [max(row, key=lambda pair: pair[1])[0] for row in results] == class_names
+
+
+def _example_json(serialized: bytes) -> dict:
+    """A tf.Example as TF Serving's classify JSON: int64 as integers, floats with a point."""
+    features = tf.train.Example.FromString(serialized).features.feature
+    body = {}
+    for name, feature in features.items():
+        if feature.int64_list.value:
+            body[name] = list(feature.int64_list.value)
+        elif feature.float_list.value:
+            body[name] = [float(v) for v in feature.float_list.value]
+        elif feature.bytes_list.value:
+            body[name] = [v.decode() for v in feature.bytes_list.value]
+    return body
+
+
+def test_champion_label_follows_the_mlflow_alias(served):
+    version = max(version_dirs(served["dir"]))
+    status, reply = _get(served["base"] + "/labels/champion")
+    assert status == 200, reply
+    assert reply["model_version_status"][0]["version"] == str(version)
+    body = {"signature_name": "predict_raw", "instances": [_one_raw_instance(served)]}
+    status, reply, headers = _post(served["base"] + "/labels/champion:predict", body)
+    assert status == 200 and int(headers["x-fullthrottle-model-version"]) == version, reply
+
+
+def test_grpc_answers_as_rest(served):
+    """The official stubs: Predict (both signatures), Classify, GetModelMetadata, the label."""
+    import grpc
+    from tensorflow_serving.apis import (
+        classification_pb2,
+        predict_pb2,
+        prediction_service_pb2_grpc,
+    )
+
+    examples, raw = _rows(served["last"], limit=6)
+    version = max(version_dirs(served["dir"]))
+    _, rest, _ = _post(
+        served["base"] + ":predict",
+        {"instances": [{"b64": base64.b64encode(e).decode()} for e in examples]},
+    )
+    with grpc.insecure_channel(served["grpc"]) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "penguins"
+        request.model_spec.version_label = "champion"
+        request.inputs["examples"].CopyFrom(tf.make_tensor_proto(examples, dtype=tf.string))
+        response = stub.Predict(request, timeout=60)
+        assert response.model_spec.version.value == version
+        np.testing.assert_allclose(
+            tf.make_ndarray(response.outputs["probabilities"]),
+            [p["probabilities"] for p in rest["predictions"]],
+            atol=1e-6,
+        )
+        assert [c.decode() for c in tf.make_ndarray(response.outputs["classes"])] == [
+            p["classes"] for p in rest["predictions"]
+        ]
+
+        raw_request = predict_pb2.PredictRequest()
+        raw_request.model_spec.name = "penguins"
+        raw_request.model_spec.signature_name = "predict_raw"
+        for name, values in raw.items():
+            raw_request.inputs[name].CopyFrom(tf.make_tensor_proto(values))
+        raw_response = stub.Predict(raw_request, timeout=60)
+        columns = {k: [_json_value(x) for x in v] for k, v in raw.items()}
+        _, rest_raw, _ = _post(
+            served["base"] + ":predict", {"signature_name": "predict_raw", "inputs": columns}
+        )
+        np.testing.assert_allclose(
+            tf.make_ndarray(raw_response.outputs["probabilities"]),
+            rest_raw["outputs"]["probabilities"],
+            atol=1e-6,
+        )
+
+        classify = classification_pb2.ClassificationRequest()
+        classify.model_spec.name = "penguins"
+        classify.model_spec.signature_name = "classification"
+        for example in examples:
+            classify.input.example_list.examples.add().ParseFromString(example)
+        classified = stub.Classify(classify, timeout=60)
+        np.testing.assert_allclose(
+            [[c.score for c in row.classes] for row in classified.result.classifications],
+            tf.make_ndarray(response.outputs["probabilities"]),
+            atol=1e-6,
+        )
+
+
+def test_predict_command_over_grpc(served, tmp_path):
+    csv_file = tmp_path / "rows.csv"
+    csv_file.write_text(
+        "island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g,sex,year\n"
+        "Torgersen,39.1,18.7,181,3750,male,2007\n"
+        "Biscoe,50.0,15.2,218,5700,,2008\n"
+    )
+    grpc_result = run_cli(
+        "predict", "--csv", str(csv_file), "--grpc", served["grpc"], "--output", "json"
+    )
+    assert grpc_result.returncode == 0, grpc_result.stderr[-2000:]
+    assert "note:" not in grpc_result.stderr  # the cells were typed by GetModelMetadata
+    rows = json.loads(grpc_result.stdout)
+    assert [r["classes"] for r in rows] == ["Adelie", "Gentoo"]
+    assert all(abs(sum(r["probabilities"]) - 1) < 1e-5 for r in rows)
+    unknown = run_cli("predict", "--csv", str(csv_file), "--grpc", served["grpc"], "--version", "7")
+    assert unknown.returncode == 2 and "NOT_FOUND" in unknown.stderr, unknown.stderr[-2000:]
+    assert "Traceback" not in unknown.stderr
 
 
 def test_new_version_is_picked_up_without_a_failed_request(served):

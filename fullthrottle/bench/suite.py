@@ -1051,6 +1051,16 @@ def results_table(results: dict[str, Any], verdicts: list[dict[str, Any]]) -> st
             f"(p50 {s['server']['p50_ms']:.1f} ms vs {s['in_process']['p50_ms']:.1f} ms) | "
             f"{s['server_vs_in_process']:.2f}x | |"
         )
+    switch = (s or {}).get("switch")
+    if switch and "rest" in switch:
+        rest, grpc = switch["rest"], switch["grpc"]
+        rows.append(
+            f"| serving: version switch under load, {switch['clients_per_protocol']} REST + "
+            f"{switch['clients_per_protocol']} gRPC clients on the `champion` label | "
+            f"REST p50 {rest['p50_ms']:.1f} / p99 {rest['p99_ms']:.1f} ms, "
+            f"gRPC p50 {grpc['p50_ms']:.1f} / p99 {grpc['p99_ms']:.1f} ms | "
+            f"{rest['errors'] + grpc['errors']} failed of {rest['requests'] + grpc['requests']} | |"
+        )
     for name, part in r.items():
         if isinstance(part, dict) and "error" in part:
             rows.append(f"| {name}: FAILED | {part['error'][:200]} | | |")

@@ -225,7 +225,7 @@ def metadata_rest(url: str, *, timeout: float) -> dict[str, Any] | None:
 def metadata_grpc(
     target: str, *, model_name: str, version: int | None, timeout: float
 ) -> dict[str, Any] | None:
-    """TF Serving's gRPC GetModelMetadata, as the REST reply's JSON. Not tested here (no TF Serving)."""
+    """TF Serving's gRPC GetModelMetadata, as the REST reply's JSON."""
     import grpc
     from google.protobuf import json_format
     from tensorflow_serving.apis import get_model_metadata_pb2, prediction_service_pb2_grpc
@@ -247,7 +247,9 @@ def metadata_grpc(
             ) from None
     signature_map = get_model_metadata_pb2.SignatureDefMap()
     response.metadata["signature_def"].Unpack(signature_map)
-    return {"metadata": {"signature_def": json_format.MessageToDict(signature_map)}}
+    # Field names as in the REST reply (signature_def, not protobuf JSON's signatureDef).
+    as_json = json_format.MessageToDict(signature_map, preserving_proto_field_name=True)
+    return {"metadata": {"signature_def": as_json}}
 
 
 # A serving_default refusal for a missing feature names the feature but not the example:

@@ -241,6 +241,9 @@ class EvalConfig:
     accuracy_threshold: Annotated[float, _within(0, 1)] = 0.8
 
 
+_VERSION_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
 @_section
 class ServingConfig:
     """How pushed models are stored, warmed up, served and deployed (`serving:` section).
@@ -270,7 +273,18 @@ class ServingConfig:
     batch_timeout_micros: PositiveInt = 2000
     num_batch_threads: PositiveInt = 2
     max_enqueued_batches: PositiveInt = 64
-    image: str = "tensorflow/serving:2.18.0"
+    # TF Serving must be at least as new as the TensorFlow that wrote the SavedModel (2.21 here):
+    # an older runtime may lack ops or op attributes the model uses.
+    image: str = "tensorflow/serving:2.21.0"
+    # TF Serving's version labels (models.config `version_labels`, `/labels/<label>` routes):
+    # label -> version folder. `serve` adds the MLflow alias (`tracking.registry_alias`) as a label.
+    version_labels: Annotated[
+        Mapping[str, PositiveInt],
+        _must(
+            lambda labels: all(_VERSION_LABEL.fullmatch(label) for label in labels),
+            "must map labels of 1-64 letters, digits, '_' or '-' (a URL path segment) to versions",
+        ),
+    ] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.rest_port and self.rest_port == self.grpc_port:

@@ -19,12 +19,12 @@ from trainer_module.training import TrainingConfig
 from trainer_module.training.advisor import (
     HIGHLY_INPUT_BOUND,
     NOT_INPUT_BOUND,
-    DeviceFacts,
     StepTimeMeasurements,
     advise,
     format_advice,
     measurements_from_history,
 )
+from trainer_module.training.hardware import DeviceFacts
 
 CPU_NO_BF16 = DeviceFacts(cpu_flags=frozenset({"avx2", "fma"}), cpu_count=2)
 CPU_BF16 = DeviceFacts(cpu_flags=frozenset({"avx512f", "avx512_bf16"}), cpu_count=2)

@@ -149,23 +149,15 @@ QUICK = Sizes(
 
 
 def machine() -> dict[str, Any]:
-    from trainer_module.training.advisor import device_facts
-
-    model = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), ""
-            )
-    except OSError:
-        pass
     import tensorflow as tf
+
+    from trainer_module.training.hardware import cpu_info, device_facts, tensorflow_gpus
 
     facts = device_facts()
     return {
-        "cpu": model,
+        "cpu": cpu_info().model or "",
         **facts.describe(),
-        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+        "gpus": [gpu.name for gpu in tensorflow_gpus()],
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "platform": platform.platform(),
@@ -313,7 +305,8 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         eps * flops["training"] / peak
         for eps, peak in zip(samples[mfu_contender], samples["matmul_ceiling"], strict=True)
     ]
-    from trainer_module.training.advisor import advise, device_facts, measurements_from_history
+    from trainer_module.training.advisor import advise, measurements_from_history
+    from trainer_module.training.hardware import device_facts
     from trainer_module.training.inputs import resolve_cache
 
     steady = [r for r in ours.records[1:]]

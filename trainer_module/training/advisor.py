@@ -7,7 +7,8 @@ that names our config fields. The host's work between the loops (metric reads, s
 hooks, periodic checkpoints) is measured too; checkpoints taking >= 5% of the training time (and
 >= 1 s over the run) get a cadence that brings them to ~2%, with the steps a killed run would
 then train again. :func:`advise` is a pure function of the measurements, the config and the
-device facts; :func:`device_facts` is the only part that looks at the machine.
+device facts; :func:`advise_result` asks ``hardware.device_facts`` about this machine unless
+told.
 
 Refuses to advise what the device cannot use: no ``mixed_bfloat16`` on a CPU without
 AVX512_BF16/AMX-BF16, no ``mixed_float16`` without a GPU of compute capability >= 7.0 (never on
@@ -17,12 +18,12 @@ a CPU), no XLA with bf16 on a CPU (measured slower than bf16 alone on the projec
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from trainer_module.training.config import TrainingConfig
+from trainer_module.training.hardware import DeviceFacts, device_facts
 
 # TensorFlow profiler's input-pipeline analyser uses the same bands.
 MODERATE_INPUT_WAIT = 0.05
@@ -51,47 +52,6 @@ CHECKPOINT_MIN_SECONDS = 1.0
 # 0.7-1.3 ms steps from a full prefetch buffer, and 0.07 ms per 0.21 ms tabular step when the
 # loop's own get_next takes them (as it now takes cached batches, see inputs.make_dataset).
 HANDOFF_WAIT_SECONDS = 1e-4
-
-
-@dataclass(frozen=True)
-class DeviceFacts:
-    """What the training device can do (only what the advice depends on)."""
-
-    cpu_flags: frozenset[str] = frozenset()
-    cpu_count: int = 1
-    gpu_compute_capabilities: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def has_gpu(self) -> bool:
-        return bool(self.gpu_compute_capabilities)
-
-    @property
-    def cpu_bf16(self) -> bool:
-        return bool({"avx512_bf16", "amx_bf16"} & self.cpu_flags)
-
-    @property
-    def gpu_float16(self) -> bool:  # tensor cores
-        return self.has_gpu and min(self.gpu_compute_capabilities) >= (7, 0)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "cpu_count": self.cpu_count,
-            "cpu_bf16": self.cpu_bf16,
-            "gpu_compute_capabilities": [list(c) for c in self.gpu_compute_capabilities],
-        }
-
-
-def device_facts() -> DeviceFacts:
-    """This machine's facts: CPU flags from /proc/cpuinfo, GPUs from TensorFlow."""
-    from trainer_module.training.precision import _gpu_compute_capabilities, cpu_flags
-
-    return DeviceFacts(
-        cpu_flags=cpu_flags(),
-        cpu_count=len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else (os.cpu_count() or 1),
-        gpu_compute_capabilities=tuple(_gpu_compute_capabilities()),
-    )
 
 
 @dataclass(frozen=True)

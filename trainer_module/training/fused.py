@@ -27,7 +27,7 @@ import math
 
 import tensorflow as tf
 
-from trainer_module.training.precision import cpu_has_native_bf16
+from trainer_module.training.hardware import cpu_has_native_bf16, tensorflow_gpus
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -65,7 +65,7 @@ def _bf16_matmul_sums_in_float32() -> bool:
     CPU with native bf16 (oneDNN). On a CPU without it (an AMD EPYC with AVX2 only, 2026-12-01)
     TensorFlow's emulated bf16 matmul rounded partial sums: column sums of a [8192, 64] N(0, 1)
     bf16 tensor were off by up to 0.85 against sums of ~200, where one rounding is <= 0.5."""
-    return bool(tf.config.list_physical_devices("GPU")) or cpu_has_native_bf16()
+    return bool(tensorflow_gpus()) or cpu_has_native_bf16()
 
 
 def bias_add(x, bias):

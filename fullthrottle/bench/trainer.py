@@ -29,7 +29,7 @@ from typing import Any
 import tensorflow as tf
 
 from fullthrottle.bench.workloads import TrainingData
-from trainer_module.training import TrainingConfig
+from trainer_module.training import TrainingConfig, metrics
 
 
 def tfx_dataset_factory(data: TrainingData) -> Callable[..., tf.data.Dataset]:
@@ -153,10 +153,10 @@ class OurLoop:
         ran = int(self.loop.train_loop(self.iterator, tf.constant(steps, tf.int64)))  # host sync
         wall = time.perf_counter() - start
         record = {
-            "steps": ran,
-            "wall_time": wall,
-            "input_wait_time": float(self.loop.input_wait.numpy()),
-            "loss": float(self.loop.loss_sum.numpy()) / max(ran, 1),
+            metrics.STEPS: ran,
+            metrics.WALL_TIME: wall,
+            metrics.INPUT_WAIT_TIME: float(self.loop.input_wait.numpy()),
+            metrics.LOSS: float(self.loop.loss_sum.numpy()) / max(ran, 1),
         }
         self.records.append(record)
         return record
@@ -168,7 +168,7 @@ class OurLoop:
         start = time.perf_counter()
         done = 0
         while done < steps:
-            done += self.run_loop(min(per_loop, steps - done))["steps"]
+            done += self.run_loop(min(per_loop, steps - done))[metrics.STEPS]
         return done * self.batch.global_batch / (time.perf_counter() - start)
 
 
@@ -467,8 +467,9 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
                 tracking_uri=None,
             )
             timed = result.history[1:]  # the loops the timer's window covers
-            total = sum(r["wall_time"] + r["host_time"] for r in timed)
-            share[name].append(sum(r["checkpoint_time"] for r in timed) / total if total else 0.0)
+            total = sum(r[metrics.WALL_TIME] + r[metrics.HOST_TIME] for r in timed)
+            saving = sum(r[metrics.CHECKPOINT_TIME] for r in timed)
+            share[name].append(saving / total if total else 0.0)
             return timer.examples_per_second(result.global_batch_size)
 
         return run

@@ -43,19 +43,11 @@ from mlflow.entities import Metric, Param, RunTag
 from fullthrottle.core.redact import redact_value
 from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.store import TrainerLink
-from trainer_module.training import TrainingHook
+from trainer_module.training import TrainingHook, metrics
 
 _log = logging.getLogger("fullthrottle.tracking")
 
 JOURNAL = "mlflow_journal.jsonl"
-LOOP_METRICS = (
-    "loss",
-    "learning_rate",
-    "examples_per_second",
-    "input_wait_fraction",
-    "loss_scale",
-    "step_time",
-)
 DERIVED_PARAMS = (
     ("num_replicas", "num_replicas"),
     ("num_workers", "num_workers"),
@@ -184,8 +176,8 @@ def _metrics_of(record: dict[str, Any]) -> list[Metric]:
 
 
 # How loops combine into one point (see the module docstring); other keys keep the last value.
-_STEP_WEIGHTED = ("loss",)
-_TIME_WEIGHTED = ("examples_per_second", "input_wait_fraction")
+_STEP_WEIGHTED = (metrics.LOSS,)
+_TIME_WEIGHTED = (metrics.EXAMPLES_PER_SECOND, metrics.INPUT_WAIT_FRACTION)
 
 
 def aggregate_loops(loops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -205,7 +197,7 @@ def aggregate_loops(loops: list[dict[str, Any]]) -> dict[str, Any]:
             values[key] = sum(r["values"][key] * r["wall_time"] for r in having) / sum(
                 r["wall_time"] for r in having
             )
-        elif key == "step_time" and steps > 0 and len(having) == len(loops):
+        elif key == metrics.STEP_TIME and steps > 0 and len(having) == len(loops):
             values[key] = wall / steps
         else:
             values[key] = last["values"][key]
@@ -356,13 +348,13 @@ class MlflowTrainingHook(TrainingHook):
                 self._sampler.start()
         self._write_status()
 
-    def on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
+    def on_loop_end(self, step: int, record: dict[str, Any]) -> None:
         with self.cpu.measuring("hook"):
-            self._on_loop_end(step, metrics)
+            self._on_loop_end(step, record)
         self.cpu.mark_loop_end()
 
-    def _on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
-        values = {k: float(metrics[k]) for k in LOOP_METRICS if metrics.get(k) is not None}
+    def _on_loop_end(self, step: int, record: dict[str, Any]) -> None:
+        values = {k: float(record[k]) for k in metrics.LOOP_SCALARS if record.get(k) is not None}
         self._step = int(step)
         if self._resolution <= 0:  # every loop is a point
             self._add_point(
@@ -374,8 +366,8 @@ class MlflowTrainingHook(TrainingHook):
             "step": int(step),
             "timestamp": _now_ms(),
             "values": values,
-            "steps": int(metrics.get("steps") or 0),
-            "wall_time": float(metrics.get("wall_time") or 0.0),
+            "steps": int(record.get(metrics.STEPS) or 0),
+            "wall_time": float(record.get(metrics.WALL_TIME) or 0.0),
         }
         if self.journal is not None:
             self.journal.append(loop)
@@ -407,27 +399,15 @@ class MlflowTrainingHook(TrainingHook):
         if self.run_id is not None and self.sender is not None:
             timestamp, step = _now_ms(), int(result.steps_completed)
             final = [
-                Metric(key=f"eval_{k}", value=float(v), timestamp=timestamp, step=step)
+                Metric(metrics.eval_metric_name(k), float(v), timestamp, step)
                 for k, v in (result.eval_metrics or {}).items()
             ]
-            final.append(
-                Metric(
-                    "mean_examples_per_second", float(result.examples_per_second), timestamp, step
-                )
-            )
-            final.append(
-                Metric(
-                    "mean_input_wait_fraction", float(result.input_wait_fraction), timestamp, step
-                )
-            )
-            final.append(
-                Metric(
-                    "loss_scale_skipped_steps",
-                    float(result.loss_scale_skipped_steps),
-                    timestamp,
-                    step,
-                )
-            )
+            for name, value in (
+                (metrics.MEAN_EXAMPLES_PER_SECOND, result.examples_per_second),
+                (metrics.MEAN_INPUT_WAIT_FRACTION, result.input_wait_fraction),
+                (metrics.LOSS_SCALE_SKIPPED_STEPS, result.loss_scale_skipped_steps),
+            ):
+                final.append(Metric(name, float(value), timestamp, step))
             span = self.cpu.span()
             if span is not None:  # what tracking itself cost while training (see CpuMeter)
                 final.append(

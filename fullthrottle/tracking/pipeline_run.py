@@ -43,6 +43,7 @@ from fullthrottle.tracking.store import (
     prepare_store,
     resolve_destination,
 )
+from trainer_module.training import metrics as training_metrics
 
 RUN_KEY_TAG = "fullthrottle.run_key"
 PIPELINE_TAG = "fullthrottle.pipeline_name"
@@ -365,11 +366,11 @@ class PipelineTracker:
         values: dict[str, float] = {
             f"eval.{k}": v for k, v in (summary.get("eval_metrics") or {}).items()
         }
-        for key in ("final_loss", "examples_per_second", "input_wait_fraction", "steps_completed"):
+        for key in training_metrics.SUMMARY_METRICS:
             if training.get(key) is not None:
                 values[f"train.{key}"] = float(training[key])
         for key, value in (training.get("eval_metrics") or {}).items():
-            values[f"train.eval_{key}"] = float(value)
+            values[f"train.{training_metrics.eval_metric_name(key)}"] = float(value)
         values.update(_split_counts(components))
         for name, comp in summary.get("components", {}).items():
             values[f"seconds.{name}"] = float(comp.get("seconds", 0.0))

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainer_module.training import metrics
 from trainer_module.training.config import TrainingConfig
 from trainer_module.training.hardware import DeviceFacts, device_facts
 
@@ -116,11 +117,11 @@ def measurements_from_history(
     than one — the same steady-state window ``TrainResult.examples_per_second`` uses.
     """
     steady = list(history[1:] if len(history) > 1 else history)
-    steps = sum(int(r["steps"]) for r in steady)
-    wall = sum(float(r["wall_time"]) for r in steady)
-    wait = sum(float(r["input_wait_time"]) for r in steady)
-    host = sum(float(r.get("host_time", 0.0)) for r in steady)
-    saving = [float(r.get("checkpoint_time", 0.0)) for r in steady]
+    steps = sum(int(r[metrics.STEPS]) for r in steady)
+    wall = sum(float(r[metrics.WALL_TIME]) for r in steady)
+    wait = sum(float(r[metrics.INPUT_WAIT_TIME]) for r in steady)
+    host = sum(float(r.get(metrics.HOST_TIME, 0.0)) for r in steady)
+    saving = [float(r.get(metrics.CHECKPOINT_TIME, 0.0)) for r in steady]
     per = max(steps, 1)
     return StepTimeMeasurements(
         step_seconds=wall / per,

@@ -24,6 +24,7 @@ import keras
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
+from trainer_module.training import metrics
 from trainer_module.training.checkpoints import TracedWriteCheckpoint
 from trainer_module.training.config import (
     ModelInputs,
@@ -294,27 +295,20 @@ def train(
                 profiling = False
             wait = float(loop.input_wait.numpy())
             record = {
-                "step": step,
-                "loss": float(loop.loss_sum.numpy()) / max(ran, 1),
-                "learning_rate": current_learning_rate(optimizer),
-                "examples_per_second": ran * batch.global_batch / wall,
-                "input_wait_fraction": min(wait / wall, 1.0),
-                "loss_scale": float(scale_var.numpy()) if scale_var is not None else None,
-                "step_time": wall / max(ran, 1),
-                "steps": ran,
-                "wall_time": wall,
-                "input_wait_time": wait,
+                metrics.STEP: step,
+                metrics.LOSS: float(loop.loss_sum.numpy()) / max(ran, 1),
+                metrics.LEARNING_RATE: current_learning_rate(optimizer),
+                metrics.EXAMPLES_PER_SECOND: ran * batch.global_batch / wall,
+                metrics.INPUT_WAIT_FRACTION: min(wait / wall, 1.0),
+                metrics.LOSS_SCALE: float(scale_var.numpy()) if scale_var is not None else None,
+                metrics.STEP_TIME: wall / max(ran, 1),
+                metrics.STEPS: ran,
+                metrics.WALL_TIME: wall,
+                metrics.INPUT_WAIT_TIME: wait,
             }
             history.append(record)
             with writer.as_default():
-                for key in (
-                    "loss",
-                    "learning_rate",
-                    "examples_per_second",
-                    "step_time",
-                    "input_wait_fraction",
-                    "loss_scale",
-                ):
+                for key in metrics.LOOP_SCALARS:
                     if record[key] is not None:
                         _scalar(key, record[key], step)
             for h in hooks:
@@ -339,10 +333,10 @@ def train(
             # one starts. The save at the end of training is kept apart: every run pays it once,
             # whatever its checkpoint cadence.
             final = step >= config.train_steps
-            record["checkpoint_time"] = 0.0 if final else save_seconds
-            record["final_checkpoint_time"] = save_seconds if final else 0.0
-            record["host_time"] = (
-                time.perf_counter() - (t0 + wall) - record["final_checkpoint_time"]
+            record[metrics.CHECKPOINT_TIME] = 0.0 if final else save_seconds
+            record[metrics.FINAL_CHECKPOINT_TIME] = save_seconds if final else 0.0
+            record[metrics.HOST_TIME] = (
+                time.perf_counter() - (t0 + wall) - record[metrics.FINAL_CHECKPOINT_TIME]
             )
     finally:
         if profiling:
@@ -367,20 +361,20 @@ def train(
         )
         if count:
             eval_metrics = {
-                "loss": loss_sum / count,
-                "accuracy": correct / count,
-                "examples": count,
+                metrics.EVAL_LOSS: loss_sum / count,
+                metrics.EVAL_ACCURACY: correct / count,
+                metrics.EVAL_EXAMPLES: count,
             }
             with writer.as_default():
-                _scalar("eval_loss", eval_metrics["loss"], step)
-                _scalar("eval_accuracy", eval_metrics["accuracy"], step)
+                for key in metrics.EVAL_SCALARS:
+                    _scalar(metrics.eval_metric_name(key), eval_metrics[key], step)
             writer.flush()
 
     # Throughput over the steady state: drop the first loop (it includes tracing/compiling)
     # when there is more than one.
     steady = history[1:] if len(history) > 1 else history
-    wall = sum(r["wall_time"] for r in steady)
-    examples = sum(r["steps"] for r in steady) * batch.global_batch
+    wall = sum(r[metrics.WALL_TIME] for r in steady)
+    examples = sum(r[metrics.STEPS] for r in steady) * batch.global_batch
     serving = build_serving_model(model, model_inputs, config) if chief else None
     if own_tmp:
         shutil.rmtree(own_tmp, ignore_errors=True)
@@ -388,10 +382,12 @@ def train(
         serving_model=serving,
         is_chief=chief,
         steps_completed=step,
-        final_loss=history[-1]["loss"] if history else math.nan,
+        final_loss=history[-1][metrics.LOSS] if history else math.nan,
         eval_metrics=eval_metrics,
         examples_per_second=examples / wall if wall else 0.0,
-        input_wait_fraction=(sum(r["input_wait_time"] for r in steady) / wall) if wall else 0.0,
+        input_wait_fraction=(sum(r[metrics.INPUT_WAIT_TIME] for r in steady) / wall)
+        if wall
+        else 0.0,
         global_batch_size=batch.global_batch,
         per_replica_batch_size=batch.per_replica,
         gradient_accumulation_steps=batch.accumulation_steps,

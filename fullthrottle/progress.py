@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from trainer_module.training import TrainingHook, metrics
+from trainer_module.training import RunFacts, TrainingHook, metrics
 
 # ml_metadata.proto.metadata_store_pb2.Execution.State values (stable in the MLMD schema).
 _STATE_NAMES = {
@@ -242,15 +242,16 @@ class TrainerProgress(TrainingHook):
                 self._stream.write(text + "\n")
             self._stream.flush()
 
-    def on_train_begin(self, info: dict) -> None:
-        self._total = int(info.get("train_steps", 0))
-        self._start_step = int(info.get("start_step", info.get("initial_step", 0)))
+    def on_train_begin(self, facts: RunFacts) -> None:
+        self._total = facts.train_steps
+        self._start_step = facts.start_step
         self._started = time.monotonic()
         resumed = f" (resumed from step {self._start_step})" if self._start_step else ""
         self._emit(
-            f"[trainer] start step {self._start_step}/{self._total}{resumed}: {info.get('model')} model, "
-            f"{info.get('parameters')} parameters, {info.get('strategy_name')} x{info.get('num_replicas')}, "
-            f"global batch {info.get('global_batch_size')}, {info.get('precision_policy')}"
+            f"[trainer] start step {self._start_step}/{self._total}{resumed}: "
+            f"{facts.model_kind} model, {facts.parameters} parameters, "
+            f"{facts.strategy_name} x{facts.num_replicas}, "
+            f"global batch {facts.global_batch_size}, {facts.precision_policy}"
         )
 
     def _steady_rate(self) -> float | None:

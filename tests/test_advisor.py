@@ -315,7 +315,7 @@ def test_a_run_that_checkpoints_every_loop_is_told_what_its_saves_cost(tmp_path)
     assert "checkpoint_every_steps" not in _fields(report)
     # ...but the same measurements for a 200,000-step run: a cadence of many loops.
     m = measurements_from_history(
-        result.history, global_batch_size=32, precision_policy=result.precision_policy
+        result.history, global_batch_size=32, precision_policy=result.facts.precision_policy
     )
     assert m.checkpoints == 10  # the first loop (tracing) is not measured
     long_run = TrainingConfig(train_steps=200_000, steps_per_loop=5, checkpoint_every_steps=5)

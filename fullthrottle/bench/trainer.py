@@ -433,7 +433,7 @@ def tracking_rates(
             span = tracking[0].cpu.span() if tracking else None
             if span is not None:
                 cpu.append(span)
-            return timer.examples_per_second(result.global_batch_size)
+            return timer.examples_per_second(result.facts.global_batch_size)
 
         return run
 
@@ -446,7 +446,7 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
     """Examples/s of the real ``train()`` (a fresh work dir each time, no eval) with periodic
     saves traced (``training.traced_checkpoint_saves``, the default) vs TF's eager save,
     alternated; plus the share of each run's training time after its first loop spent in
-    periodic saves, and which save each run reported using (`info["checkpoint_saves"]`)."""
+    periodic saves, and which save each run reported using (`RunFacts.checkpoint_saves`)."""
     from fullthrottle.bench.measure import alternate
     from fullthrottle.bench.tracked import train_tracked
     from trainer_module.training import TrainingHook
@@ -456,8 +456,8 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
 
     def contender(name: str) -> Callable[[], float]:
         class Saves(TrainingHook):
-            def on_train_begin(self, info):
-                saves[name].add(info["checkpoint_saves"])
+            def on_train_begin(self, facts):
+                saves[name].add(facts.checkpoint_saves)
 
         def run() -> float:
             timer = _LoopTimer()
@@ -470,7 +470,7 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
             total = sum(r[metrics.WALL_TIME] + r[metrics.HOST_TIME] for r in timed)
             saving = sum(r[metrics.CHECKPOINT_TIME] for r in timed)
             share[name].append(saving / total if total else 0.0)
-            return timer.examples_per_second(result.global_batch_size)
+            return timer.examples_per_second(result.facts.global_batch_size)
 
         return run
 

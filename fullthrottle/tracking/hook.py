@@ -43,23 +43,11 @@ from mlflow.entities import Metric, Param, RunTag
 from fullthrottle.core.redact import redact_value
 from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.store import TrainerLink
-from trainer_module.training import TrainingHook, metrics
+from trainer_module.training import RunFacts, TrainingHook, metrics
 
 _log = logging.getLogger("fullthrottle.tracking")
 
 JOURNAL = "mlflow_journal.jsonl"
-DERIVED_PARAMS = (
-    ("num_replicas", "num_replicas"),
-    ("num_workers", "num_workers"),
-    ("global_batch_size", "global_batch_size"),
-    ("per_replica_batch_size", "per_replica_batch_size"),
-    ("gradient_accumulation_steps", "gradient_accumulation_steps"),
-    ("precision_policy", "precision_policy"),
-    ("scaled_learning_rate", "learning_rate"),
-    ("strategy", "strategy_name"),
-    ("model", "model"),
-    ("parameters", "parameters"),
-)
 COMPONENT_TAG = "fullthrottle.component"
 TRAINING_KEY_TAG = "fullthrottle.training_key"
 
@@ -307,9 +295,9 @@ class MlflowTrainingHook(TrainingHook):
         self.cpu = CpuMeter()  # tracking's own CPU time (see `CpuMeter`)
 
     # --- TrainingHook ---------------------------------------------------------------------
-    def on_train_begin(self, info: dict[str, Any]) -> None:
-        work_dir = str(info["work_dir"])
-        start_step = int(info.get("start_step", 0))
+    def on_train_begin(self, facts: RunFacts) -> None:
+        work_dir = facts.work_dir
+        start_step = facts.start_step
         self._step = start_step
         os.makedirs(work_dir, exist_ok=True)
         self.journal = Journal(os.path.join(work_dir, JOURNAL))
@@ -336,7 +324,7 @@ class MlflowTrainingHook(TrainingHook):
             )
             if start_step > 0:
                 self._resend_missing(points)
-            self._log_derived(info)
+            self._log_derived(facts)
             if self.link.system_metrics_interval_seconds > 0:
                 self._sampler = SystemSampler(
                     sender=self.sender,
@@ -501,17 +489,16 @@ class MlflowTrainingHook(TrainingHook):
             _log.info("re-sending %d metric points journaled before the restart", len(missing))
         self.sender.send(self.run_id, missing)
 
-    def _log_derived(self, info: dict[str, Any]) -> None:
+    def _log_derived(self, facts: RunFacts) -> None:
         params = [
-            Param(name, str(redact_value(name, info[source])))
-            for name, source in DERIVED_PARAMS
-            if source in info
+            Param(name, str(redact_value(name, value)))
+            for name, value in facts.derived_params().items()
         ]
         tags = [
-            RunTag("fullthrottle.strategy", str(info.get("strategy_name"))),
-            RunTag("fullthrottle.precision_policy", str(info.get("precision_policy"))),
-            RunTag("fullthrottle.precision_reason", str(info.get("precision_reason", ""))[:5000]),
-            RunTag("fullthrottle.start_step", str(info.get("start_step", 0))),
+            RunTag("fullthrottle.strategy", facts.strategy_name),
+            RunTag("fullthrottle.precision_policy", facts.precision_policy),
+            RunTag("fullthrottle.precision_reason", facts.precision_reason[:5000]),
+            RunTag("fullthrottle.start_step", str(facts.start_step)),
         ]
         client = self.channel.client
         assert self.run_id is not None
@@ -525,7 +512,7 @@ class MlflowTrainingHook(TrainingHook):
             client.log_batch,
             self.link.parent_run_id,
             params=parent_params,
-            tags=[RunTag("fullthrottle.strategy", str(info.get("strategy_name")))],
+            tags=[RunTag("fullthrottle.strategy", facts.strategy_name)],
         )
 
     def _write_status(self) -> None:

@@ -12,13 +12,14 @@ from trainer_module.training.config import (
     resolve_batch_sizes,
     scaled_learning_rate,
 )
-from trainer_module.training.controller import TrainingHook, TrainResult, train
+from trainer_module.training.controller import train
 from trainer_module.training.errors import (
     ConfigError,
     InputDataError,
     TrainingDivergedError,
     TrainingError,
 )
+from trainer_module.training.hooks import TrainingHook
 from trainer_module.training.inputs import (
     distribute_input,
     make_dataset,
@@ -32,6 +33,7 @@ from trainer_module.training.models import (
 )
 from trainer_module.training.optimization import WarmupSchedule, create_optimizer
 from trainer_module.training.precision import dtype_policy, resolve_precision_policy
+from trainer_module.training.results import SUMMARY_FILE, RunFacts, TrainResult
 from trainer_module.training.strategy import cluster_info, create_strategy
 
 __all__ = [
@@ -39,6 +41,8 @@ __all__ = [
     "ConfigError",
     "InputDataError",
     "ModelInputs",
+    "RunFacts",
+    "SUMMARY_FILE",
     "TrainResult",
     "TrainingConfig",
     "TrainingDivergedError",

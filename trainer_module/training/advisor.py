@@ -25,6 +25,7 @@ from typing import Any
 from trainer_module.training import metrics
 from trainer_module.training.config import TrainingConfig
 from trainer_module.training.hardware import DeviceFacts, device_facts
+from trainer_module.training.results import TrainResult
 
 # TensorFlow profiler's input-pipeline analyser uses the same bands.
 MODERATE_INPUT_WAIT = 0.05
@@ -431,15 +432,15 @@ def advise(
 
 
 def advise_result(
-    result: Any, config: TrainingConfig, device: DeviceFacts | None = None
+    result: TrainResult, config: TrainingConfig, device: DeviceFacts | None = None
 ) -> dict[str, Any]:
     """:func:`advise` over a ``TrainResult`` (its loop history), on this machine by default."""
     measurements = measurements_from_history(
         result.history,
-        global_batch_size=result.global_batch_size,
-        precision_policy=result.precision_policy,
-        input_cached=getattr(result, "input_cached", None),
-        model_kind=getattr(result, "model_kind", None),
+        global_batch_size=result.facts.global_batch_size,
+        precision_policy=result.facts.precision_policy,
+        input_cached=result.facts.input_cached,
+        model_kind=result.facts.model_kind,
     )
     return advise(measurements, config, device or device_facts())
 

@@ -17,7 +17,6 @@ import shutil
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import keras
@@ -33,6 +32,7 @@ from trainer_module.training.config import (
     scaled_learning_rate,
 )
 from trainer_module.training.errors import InputDataError, TrainingDivergedError
+from trainer_module.training.hooks import TrainingHook
 from trainer_module.training.inputs import (
     make_distributed_dataset,
     resolve_cache,
@@ -46,56 +46,8 @@ from trainer_module.training.models import (
 )
 from trainer_module.training.optimization import create_optimizer, current_learning_rate
 from trainer_module.training.precision import loss_scale_variable, resolve_precision_policy
+from trainer_module.training.results import RunFacts, TrainResult
 from trainer_module.training.strategy import cluster_info, create_strategy, strategy_name
-
-
-class TrainingHook:
-    """Observer of a training run; every method is a no-op. Called on the chief only, from the
-    host between loops (never inside compiled code), so a hook may block but then slows
-    training by exactly that much. Exceptions propagate and stop the run."""
-
-    def on_train_begin(self, info: dict[str, Any]) -> None:
-        """Once, after restore, before the first loop. ``info`` describes the run."""
-
-    def on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
-        """After each N-step loop; ``metrics`` is the loop's history record."""
-
-    def on_checkpoint(self, step: int, path: str) -> None:
-        """After a checkpoint was written (``path`` is its prefix)."""
-
-    def on_train_end(self, result: TrainResult) -> None:
-        """Once, after eval and building the serving model (not called on divergence)."""
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    serving_model: keras.Model | None  # float32, trained weights; None on non-chief workers
-    is_chief: bool
-    steps_completed: int
-    final_loss: float  # mean training loss over the last loop
-    eval_metrics: dict[str, float]  # accuracy, loss, examples ({} when there are no eval files)
-    examples_per_second: float  # global examples/s, first (tracing) loop excluded if possible
-    input_wait_fraction: float  # time blocked on input / loop wall time, same loops
-    global_batch_size: int
-    per_replica_batch_size: int
-    gradient_accumulation_steps: int
-    num_replicas: int
-    num_workers: int
-    strategy_name: str
-    precision_policy: str
-    precision_reason: str
-    learning_rate: float  # peak (scaled) learning rate
-    loss_scale_skipped_steps: int  # steps whose update was skipped for non-finite gradients
-    start_step: int  # step restored from a checkpoint (0 for a fresh run)
-    model_kind: str
-    checkpoint_dir: str  # where THIS worker saved (non-chief: a temp dir, removed at the end)
-    history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-    # The model as trained (training dtype policy, strategy-placed variables), on every worker.
-    # For export use `serving_model`; this is for checks such as "workers stayed in sync".
-    model: keras.Model | None = None
-    input_cached: bool = False  # training input served from memory (inputs.resolve_cache)
-    input_cache_reason: str = ""
-
 
 # The `tensorboard` package (which implements tf.summary.scalar) is not in the locked
 # environment; tf.summary.write with the scalar plugin's metadata writes the identical event.
@@ -242,28 +194,27 @@ def train(
         else tf.summary.create_noop_writer()
     )
     scale_var = loss_scale_variable(optimizer)
-    run_info = {
-        "strategy_name": strategy_name(strategy),
-        "num_replicas": strategy.num_replicas_in_sync,
-        "num_workers": info.num_workers,
-        "global_batch_size": batch.global_batch,
-        "per_replica_batch_size": batch.per_replica,
-        "gradient_accumulation_steps": batch.accumulation_steps,
-        "learning_rate": peak_lr,
-        "precision_policy": policy_name,
-        "precision_reason": policy_reason,
-        "model": model_kind,
-        "parameters": int(model.count_params()),
-        "start_step": start_step,
-        "initial_step": start_step,  # alias of start_step
-        "input_cached": input_cached,
-        # "traced" (training.traced_checkpoint_saves, single host) or "eager" (TF's own save).
-        "checkpoint_saves": "traced" if isinstance(checkpoint, TracedWriteCheckpoint) else "eager",
-        "train_steps": config.train_steps,
-        "work_dir": work_dir,
-    }
+    facts = RunFacts(
+        strategy_name=strategy_name(strategy),
+        num_replicas=strategy.num_replicas_in_sync,
+        num_workers=info.num_workers,
+        global_batch_size=batch.global_batch,
+        per_replica_batch_size=batch.per_replica,
+        gradient_accumulation_steps=batch.accumulation_steps,
+        learning_rate=peak_lr,
+        precision_policy=policy_name,
+        precision_reason=policy_reason,
+        model_kind=model_kind,
+        parameters=int(model.count_params()),
+        start_step=start_step,
+        train_steps=config.train_steps,
+        input_cached=input_cached,
+        input_cache_reason=input_cache_reason,
+        checkpoint_saves="traced" if isinstance(checkpoint, TracedWriteCheckpoint) else "eager",
+        work_dir=work_dir,
+    )
     for h in hooks:
-        h.on_train_begin(dict(run_info))
+        h.on_train_begin(facts)
 
     history: list[dict[str, Any]] = []
     step = start_step
@@ -379,6 +330,7 @@ def train(
     if own_tmp:
         shutil.rmtree(own_tmp, ignore_errors=True)
     result = TrainResult(
+        facts=facts,
         serving_model=serving,
         is_chief=chief,
         steps_completed=step,
@@ -388,23 +340,10 @@ def train(
         input_wait_fraction=(sum(r[metrics.INPUT_WAIT_TIME] for r in steady) / wall)
         if wall
         else 0.0,
-        global_batch_size=batch.global_batch,
-        per_replica_batch_size=batch.per_replica,
-        gradient_accumulation_steps=batch.accumulation_steps,
-        num_replicas=strategy.num_replicas_in_sync,
-        num_workers=info.num_workers,
-        strategy_name=strategy_name(strategy),
-        precision_policy=policy_name,
-        precision_reason=policy_reason,
-        learning_rate=peak_lr,
         loss_scale_skipped_steps=int(loop.step.numpy()) - int(optimizer.iterations.numpy()),
-        start_step=start_step,
-        model_kind=model_kind,
         checkpoint_dir=ckpt_dir,
         history=tuple(history),
         model=model,
-        input_cached=input_cached,
-        input_cache_reason=input_cache_reason,
     )
     for h in hooks:
         h.on_train_end(result)

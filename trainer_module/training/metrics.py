@@ -56,3 +56,17 @@ LOSS_SCALE_SKIPPED_STEPS = "loss_scale_skipped_steps"
 SUMMARY_METRICS = (FINAL_LOSS, EXAMPLES_PER_SECOND, INPUT_WAIT_FRACTION, STEPS_COMPLETED)
 MEAN_EXAMPLES_PER_SECOND = f"mean_{EXAMPLES_PER_SECOND}"
 MEAN_INPUT_WAIT_FRACTION = f"mean_{INPUT_WAIT_FRACTION}"
+
+# --- derived params: what the run resolved, logged as params (name, ``RunFacts`` field) ----------
+DERIVED_PARAMS = (
+    ("num_replicas", "num_replicas"),
+    ("num_workers", "num_workers"),
+    ("global_batch_size", "global_batch_size"),
+    ("per_replica_batch_size", "per_replica_batch_size"),
+    ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+    ("precision_policy", "precision_policy"),
+    ("scaled_learning_rate", "learning_rate"),
+    ("strategy", "strategy_name"),
+    ("model", "model_kind"),
+    ("parameters", "parameters"),
+)

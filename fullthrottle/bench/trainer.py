@@ -4,9 +4,9 @@ model FLOPs utilization, tracking overhead.
 Contenders are built once and then measured in windows (``measure(steps)`` returns examples/s),
 so a comparison alternates windows of the contenders in one process (see ``measure.py``).
 
-- :class:`OurLoop` is the training library's compiled N-step loop (``TrainLoop``) set up exactly
-  as ``train()`` sets it up (strategy, precision policy from config, model, optimizer, scaled
-  learning rate, ``make_dataset`` per input pipeline); a window is whole loops of
+- :class:`OurLoop` is the training library's compiled N-step loop (``TrainLoop``) set up by
+  ``train()``'s own ``setup.set_up`` (strategy, precision policy from config, model, optimizer,
+  scaled learning rate) with ``make_dataset`` per input pipeline; a window is whole loops of
   ``steps_per_loop`` steps with the host sync after each, like the controller. Checkpoints and
   summaries are left out here; the tracking benchmark runs the real ``train()`` and reports its
   rate too. ``source="memory"`` replaces the TFRecord pipeline by the same first batches, parsed,
@@ -75,20 +75,9 @@ class OurLoop:
         dataset_transform: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
         same_model_as: OurLoop | None = None,
     ):
-        import keras
-
-        from trainer_module.training import (
-            build_model,
-            create_optimizer,
-            create_strategy,
-            distribute_input,
-            make_dataset,
-            resolve_batch_sizes,
-            resolve_precision_policy,
-            scaled_learning_rate,
-            training_model_options,
-        )
+        from trainer_module.training import distribute_input, make_dataset
         from trainer_module.training.loop import TrainLoop
+        from trainer_module.training.setup import set_up
 
         if source not in ("tfrecord", "memory"):
             raise ValueError(f"source must be 'tfrecord' or 'memory', got {source!r}")
@@ -101,19 +90,10 @@ class OurLoop:
             self.batch, self.model = same_model_as.batch, same_model_as.model
             self.loop = same_model_as.loop
         else:
-            self.strategy = create_strategy(config)
-            keras.utils.set_random_seed(config.seed)
-            self.policy, _ = resolve_precision_policy(config)
-            self.batch = resolve_batch_sizes(config, self.strategy.num_replicas_in_sync)
-            with self.strategy.scope():
-                self.model = build_model(
-                    data.model_inputs, config, self.policy, **training_model_options(config)
-                )
-                optimizer = create_optimizer(
-                    config, scaled_learning_rate(config, self.batch.global_batch), self.policy
-                )
-                optimizer.build(self.model.trainable_variables)
-            self.loop = TrainLoop(self.strategy, self.model, optimizer, config, self.batch)
+            setup = set_up(config, data.model_inputs)
+            self.strategy, self.policy = setup.strategy, setup.policy_name
+            self.batch, self.model = setup.batch, setup.model
+            self.loop = TrainLoop(self.strategy, self.model, setup.optimizer, config, self.batch)
 
         def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
             ds = make_dataset(

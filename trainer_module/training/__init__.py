@@ -1,8 +1,12 @@
 """fullthrottle's training-loop library: a distributed, mixed-precision ``tf.function`` loop.
 
-Module split: ``config`` (what to do, validated), ``strategy`` (where), ``precision`` (in which
-dtype), ``inputs`` (data), ``models``, ``optimization``, ``loop`` (the compiled N-step inner
-loop) and ``controller`` (outer loop: checkpoints, summaries, timing, hooks, export).
+Module split: ``config`` (what to do, validated), ``models``, ``hardware``
+(what this machine can do), ``strategy`` (where), ``precision`` (in which dtype), ``inputs``
+(data), ``optimization``, ``setup`` (strategy, precision, model and optimizer, in order),
+``loop`` (the compiled N-step inner loop), ``controller`` (the outer loop) and its actions:
+``checkpoints`` (restore, cadence), ``summaries`` (TensorBoard), ``profiler`` (the window),
+``evaluation``; ``results`` (RunFacts, TrainResult), ``hooks`` (TrainingHook), ``metrics`` (the
+names of what is measured), ``advisor`` (what to change).
 """
 
 from trainer_module.training.config import (

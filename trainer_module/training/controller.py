@@ -1,9 +1,13 @@
-"""The outer loop: everything around the compiled N-step loop.
+"""The outer loop: a small controller around the compiled N-step loop.
 
-Owns: strategy/precision/model/optimizer set-up, checkpoint restore and save, the host-side
-clock, TensorBoard summaries, the profiler window, divergence handling, eval, the float32
-serving twin, and calling hooks (chief only). Refuses: training on data whose spec lacks a
-model input, and exporting anything after a non-finite loss.
+Orbit's split: :mod:`setup` builds strategy, precision, model and optimizer; the
+:class:`checkpoints.CheckpointStore` restores; :class:`loop.TrainLoop` runs N steps per call;
+between calls the controller sizes the next loop, keeps the loop's record and timing, and calls
+its actions — summaries (:mod:`summaries`), the profiler window (:mod:`profiler`), the
+checkpoint cadence (:class:`checkpoints.CheckpointAction`) — and the hooks (chief only); at the
+end evaluation (:mod:`evaluation`) and the float32 serving twin (``models.build_serving_model``).
+Refuses: training on data whose spec lacks a model input, and exporting anything after a
+non-finite loss.
 
 Sync points (host waits for the device) are deliberate and few: once per loop, when the loop's
 counters are read. Nothing inside a loop touches the host.
@@ -13,25 +17,21 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import keras
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
 
 from trainer_module.training import metrics
-from trainer_module.training.checkpoints import TracedWriteCheckpoint
-from trainer_module.training.config import (
-    ModelInputs,
-    TrainingConfig,
-    resolve_batch_sizes,
-    scaled_learning_rate,
+from trainer_module.training.checkpoints import (
+    CheckpointAction,
+    CheckpointStore,
+    training_checkpoint,
 )
+from trainer_module.training.config import ModelInputs, TrainingConfig
 from trainer_module.training.errors import InputDataError, TrainingDivergedError
+from trainer_module.training.evaluation import evaluate
 from trainer_module.training.hooks import TrainingHook
 from trainer_module.training.inputs import (
     make_distributed_dataset,
@@ -39,25 +39,14 @@ from trainer_module.training.inputs import (
     validate_feature_spec,
 )
 from trainer_module.training.loop import TrainLoop
-from trainer_module.training.models import (
-    build_model,
-    build_serving_model,
-    training_model_options,
-)
-from trainer_module.training.optimization import create_optimizer, current_learning_rate
-from trainer_module.training.precision import loss_scale_variable, resolve_precision_policy
+from trainer_module.training.models import build_serving_model
+from trainer_module.training.optimization import current_learning_rate
+from trainer_module.training.precision import loss_scale_variable
+from trainer_module.training.profiler import ProfilerWindow
 from trainer_module.training.results import RunFacts, TrainResult
-from trainer_module.training.strategy import cluster_info, create_strategy, strategy_name
-
-# The `tensorboard` package (which implements tf.summary.scalar) is not in the locked
-# environment; tf.summary.write with the scalar plugin's metadata writes the identical event.
-_SCALAR_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
-)
-
-
-def _scalar(name: str, value: float, step: int) -> None:
-    tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=_SCALAR_METADATA)
+from trainer_module.training.setup import set_up
+from trainer_module.training.strategy import agree_any, strategy_name
+from trainer_module.training.summaries import Summaries
 
 
 def _invalid_data_error(e: tf.errors.InvalidArgumentError, step: int) -> Exception:
@@ -74,25 +63,24 @@ def _invalid_data_error(e: tf.errors.InvalidArgumentError, step: int) -> Excepti
     )
 
 
-def _agree_any(strategy: tf.distribute.Strategy, flag: bool, num_workers: int) -> bool:
-    """True if any worker says True (wall-clock decisions must match on every worker)."""
-    if num_workers <= 1:
-        return flag
-    value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
-    return bool(strategy.reduce(tf.distribute.ReduceOp.MAX, value, axis=None).numpy() > 0.5)
-
-
-def _next_loop_length(step: int, config: TrainingConfig) -> int:
-    """Steps in the next loop: steps_per_loop, cut at the end, at checkpoint steps and at the
-    profiler window's edges, so those happen exactly on their step."""
-    n = min(config.steps_per_loop, config.train_steps - step)
-    if config.checkpoint_every_steps:
-        n = min(n, config.checkpoint_every_steps - step % config.checkpoint_every_steps)
-    if config.profile_steps:
-        for edge in config.profile_steps:
-            if step < edge:
-                n = min(n, edge - step)
-    return max(n, 1)
+def _loop_record(
+    loop: TrainLoop, *, step: int, ran: int, wall: float, scale_var: tf.Variable | None
+) -> dict[str, Any]:
+    """The history record of the loop that ran ``ran`` steps in ``wall`` seconds, ending at
+    ``step`` (reads the loop's counters, the learning rate and the loss scale: the sync point)."""
+    wait = float(loop.input_wait.numpy())
+    return {
+        metrics.STEP: step,
+        metrics.LOSS: float(loop.loss_sum.numpy()) / max(ran, 1),
+        metrics.LEARNING_RATE: current_learning_rate(loop.optimizer),
+        metrics.EXAMPLES_PER_SECOND: ran * loop.batch.global_batch / wall,
+        metrics.INPUT_WAIT_FRACTION: min(wait / wall, 1.0),
+        metrics.LOSS_SCALE: float(scale_var.numpy()) if scale_var is not None else None,
+        metrics.STEP_TIME: wall / max(ran, 1),
+        metrics.STEPS: ran,
+        metrics.WALL_TIME: wall,
+        metrics.INPUT_WAIT_TIME: wait,
+    }
 
 
 def train(
@@ -114,65 +102,29 @@ def train(
     Raises ConfigError / InputDataError before any training on bad config or spec, and
     TrainingDivergedError (nothing exported, no checkpoint written) on a non-finite loss.
     """
-    # Cheap, TF-free refusals first.
+    # Cheap, TF-free refusals first (set_up refuses a model the inputs cannot feed).
     validate_feature_spec(feature_spec, model_inputs)
-    model_kind = config.resolved_model(model_inputs)
     if not train_files:
         raise InputDataError("`train_files` is empty")
-    info = cluster_info()
-    # Multi-worker collectives must be configured before TF initialises: strategy first.
-    strategy = create_strategy(config)
-    if config.deterministic:
-        tf.config.experimental.enable_op_determinism()  # process-wide and irreversible (TF)
-    keras.utils.set_random_seed(config.seed)  # same initial weights on every replica/worker
-    policy_name, policy_reason = resolve_precision_policy(config)
-    batch = resolve_batch_sizes(config, strategy.num_replicas_in_sync)
-    peak_lr = scaled_learning_rate(config, batch.global_batch)
+    setup = set_up(config, model_inputs)
+    strategy, batch, cluster = setup.strategy, setup.batch, setup.cluster
+    loop = TrainLoop(strategy, setup.model, setup.optimizer, config, batch)
 
-    with strategy.scope():
-        model = build_model(model_inputs, config, policy_name, **training_model_options(config))
-        optimizer = create_optimizer(config, peak_lr, policy_name)
-        # Build slots now so a checkpoint restores into existing variables (no deferred
-        # restore, which Keras 3 optimizers do not support).
-        optimizer.build(model.trainable_variables)
-    loop = TrainLoop(strategy, model, optimizer, config, batch)
-
-    chief_ckpt_dir = os.path.join(work_dir, "checkpoints")
-    # Keras keeps dropout RNG state in SeedGenerator variables that tf.train.Checkpoint does not
-    # reach through the model; without them a resumed run would redraw the first run's masks.
-    rng_state = tf.train.Checkpoint(
-        **{
-            f"seed{i}": v.value
-            for i, v in enumerate(model.non_trainable_variables)
-            if "seed_generator_state" in v.path
-        }
+    checkpoints = CheckpointStore(
+        training_checkpoint(
+            model=setup.model,
+            optimizer=setup.optimizer,
+            step=loop.step,
+            traced=cluster.num_workers == 1 and config.traced_checkpoint_saves,
+        ),
+        work_dir=work_dir,
+        cluster=cluster,
+        max_to_keep=config.checkpoints_to_keep,
     )
-    saved = {"model": model, "optimizer": optimizer, "step": loop.step, "rng_state": rng_state}
-    checkpoint = (
-        tf.train.Checkpoint(**saved)
-        if info.num_workers > 1 or not config.traced_checkpoint_saves
-        else TracedWriteCheckpoint(
-            structure_key=lambda: (len(model.variables), len(optimizer.variables)), **saved
-        )
-    )
-    own_tmp = None
-    if info.is_chief:
-        ckpt_dir = chief_ckpt_dir
-    else:
-        # TF's multi-worker guide: every worker saves (saving may run collectives), but only
-        # the chief's copy is kept; the others write to a private temporary place.
-        own_tmp = tempfile.mkdtemp(prefix=f"fullthrottle-worker{info.worker_index}-ckpt-")
-        ckpt_dir = own_tmp
-    manager = tf.train.CheckpointManager(
-        checkpoint, ckpt_dir, max_to_keep=config.checkpoints_to_keep
-    )
-    latest = tf.train.latest_checkpoint(chief_ckpt_dir)  # every worker restores the chief's
-    if latest:
-        checkpoint.restore(latest).assert_existing_objects_matched()
+    checkpoints.restore_latest()
     start_step = int(loop.step.numpy())
     # Decided here once for the record (make_dataset applies the same rule per pipeline shard).
     input_cached, input_cache_reason = resolve_cache(config, train_files)
-
     train_ds = make_distributed_dataset(
         strategy,
         train_files,
@@ -186,49 +138,55 @@ def train(
     )
     iterator = iter(train_ds)
 
-    chief = info.is_chief
+    chief = cluster.is_chief
     hooks = tuple(hooks) if chief else ()
-    writer = (
-        tf.summary.create_file_writer(os.path.join(work_dir, "logs", "train"))
-        if chief
-        else tf.summary.create_noop_writer()
+    summaries = Summaries(os.path.join(work_dir, "logs", "train") if chief else None)
+    profiler = ProfilerWindow(
+        config.profile_steps, os.path.join(work_dir, "profile"), enabled=chief
     )
-    scale_var = loss_scale_variable(optimizer)
+    scale_var = loss_scale_variable(setup.optimizer)
     facts = RunFacts(
         strategy_name=strategy_name(strategy),
         num_replicas=strategy.num_replicas_in_sync,
-        num_workers=info.num_workers,
+        num_workers=cluster.num_workers,
         global_batch_size=batch.global_batch,
         per_replica_batch_size=batch.per_replica,
         gradient_accumulation_steps=batch.accumulation_steps,
-        learning_rate=peak_lr,
-        precision_policy=policy_name,
-        precision_reason=policy_reason,
-        model_kind=model_kind,
-        parameters=int(model.count_params()),
+        learning_rate=setup.learning_rate,
+        precision_policy=setup.policy_name,
+        precision_reason=setup.policy_reason,
+        model_kind=setup.model_kind,
+        parameters=int(setup.model.count_params()),
         start_step=start_step,
         train_steps=config.train_steps,
         input_cached=input_cached,
         input_cache_reason=input_cache_reason,
-        checkpoint_saves="traced" if isinstance(checkpoint, TracedWriteCheckpoint) else "eager",
+        checkpoint_saves=checkpoints.saves,
         work_dir=work_dir,
     )
     for h in hooks:
         h.on_train_begin(facts)
 
+    checkpoint = CheckpointAction(
+        checkpoints.save,
+        train_steps=config.train_steps,
+        every_steps=config.checkpoint_every_steps,
+        every_seconds=config.checkpoint_every_seconds,
+        start_step=start_step,
+        agree=lambda late: agree_any(strategy, late, cluster.num_workers),
+    )
     history: list[dict[str, Any]] = []
     step = start_step
-    last_saved = start_step
-    last_save_time = time.monotonic()
-    profiling = False
     try:
         while step < config.train_steps:
-            n = _next_loop_length(step, config)
-            if chief and config.profile_steps and not profiling:
-                p0, p1 = config.profile_steps
-                if p0 <= step < p1:
-                    tf.profiler.experimental.start(os.path.join(work_dir, "profile"))
-                    profiling = True
+            # Loops end exactly at checkpoint steps and the profiler window's edges.
+            boundaries = (checkpoint.steps_to_next(step), profiler.steps_to_edge(step))
+            n = min(
+                config.steps_per_loop,
+                config.train_steps - step,
+                *(b for b in boundaries if b is not None),
+            )
+            profiler.before_loop(step)
             t0 = time.perf_counter()
             try:
                 ran = int(loop.train_loop(iterator, tf.constant(n, tf.int64)))  # host sync
@@ -238,45 +196,17 @@ def train(
             bad = int(loop.bad_step.numpy())
             if bad >= 0:
                 raise TrainingDivergedError(
-                    bad, float(loop.last_loss.numpy()), current_learning_rate(optimizer)
+                    bad, float(loop.last_loss.numpy()), current_learning_rate(setup.optimizer)
                 )
             step += ran
-            if profiling and step >= config.profile_steps[1]:
-                tf.profiler.experimental.stop()
-                profiling = False
-            wait = float(loop.input_wait.numpy())
-            record = {
-                metrics.STEP: step,
-                metrics.LOSS: float(loop.loss_sum.numpy()) / max(ran, 1),
-                metrics.LEARNING_RATE: current_learning_rate(optimizer),
-                metrics.EXAMPLES_PER_SECOND: ran * batch.global_batch / wall,
-                metrics.INPUT_WAIT_FRACTION: min(wait / wall, 1.0),
-                metrics.LOSS_SCALE: float(scale_var.numpy()) if scale_var is not None else None,
-                metrics.STEP_TIME: wall / max(ran, 1),
-                metrics.STEPS: ran,
-                metrics.WALL_TIME: wall,
-                metrics.INPUT_WAIT_TIME: wait,
-            }
+            profiler.after_loop(step)
+            record = _loop_record(loop, step=step, ran=ran, wall=wall, scale_var=scale_var)
             history.append(record)
-            with writer.as_default():
-                for key in metrics.LOOP_SCALARS:
-                    if record[key] is not None:
-                        _scalar(key, record[key], step)
+            summaries.write_loop(record, step)
             for h in hooks:
                 h.on_loop_end(step, dict(record))
-
-            due = step == config.train_steps or (
-                config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
-            )
-            if config.checkpoint_every_seconds is not None and not due:
-                late = time.monotonic() - last_save_time >= config.checkpoint_every_seconds
-                due = _agree_any(strategy, late, info.num_workers)
-            save_seconds = 0.0
-            if due and step != last_saved:
-                save_start = time.perf_counter()
-                path = manager.save(checkpoint_number=step)
-                save_seconds = time.perf_counter() - save_start
-                last_saved, last_save_time = step, time.monotonic()
+            path, save_seconds = checkpoint(step)
+            if path is not None:
                 for h in hooks:
                     h.on_checkpoint(step, path)
             # Where the time between loops went (the advisor's "outside the loop" share): the
@@ -290,45 +220,28 @@ def train(
                 time.perf_counter() - (t0 + wall) - record[metrics.FINAL_CHECKPOINT_TIME]
             )
     finally:
-        if profiling:
-            tf.profiler.experimental.stop()
-        writer.flush()
+        profiler.close()
+        summaries.flush()
 
-    eval_metrics: dict[str, float] = {}
-    if eval_files:
-        eval_ds = make_distributed_dataset(
-            strategy,
-            eval_files,
-            feature_spec,
-            model_inputs,
-            config,
-            per_replica_batch_size=batch.per_replica,
-            training=False,
-            compression=compression,
-        )
-        max_steps = config.eval_steps or 2**62
-        loss_sum, correct, count = (
-            float(v) for v in loop.eval_loop(iter(eval_ds), tf.constant(max_steps, tf.int64))
-        )
-        if count:
-            eval_metrics = {
-                metrics.EVAL_LOSS: loss_sum / count,
-                metrics.EVAL_ACCURACY: correct / count,
-                metrics.EVAL_EXAMPLES: count,
-            }
-            with writer.as_default():
-                for key in metrics.EVAL_SCALARS:
-                    _scalar(metrics.eval_metric_name(key), eval_metrics[key], step)
-            writer.flush()
+    eval_metrics = evaluate(
+        loop,
+        eval_files=eval_files,
+        feature_spec=feature_spec,
+        model_inputs=model_inputs,
+        config=config,
+        compression=compression,
+    )
+    if eval_metrics:
+        summaries.write_eval(eval_metrics, step)
 
     # Throughput over the steady state: drop the first loop (it includes tracing/compiling)
     # when there is more than one.
     steady = history[1:] if len(history) > 1 else history
     wall = sum(r[metrics.WALL_TIME] for r in steady)
     examples = sum(r[metrics.STEPS] for r in steady) * batch.global_batch
-    serving = build_serving_model(model, model_inputs, config) if chief else None
-    if own_tmp:
-        shutil.rmtree(own_tmp, ignore_errors=True)
+    waited = sum(r[metrics.INPUT_WAIT_TIME] for r in steady)
+    serving = build_serving_model(setup.model, model_inputs, config) if chief else None
+    checkpoints.close()
     result = TrainResult(
         facts=facts,
         serving_model=serving,
@@ -337,13 +250,11 @@ def train(
         final_loss=history[-1][metrics.LOSS] if history else math.nan,
         eval_metrics=eval_metrics,
         examples_per_second=examples / wall if wall else 0.0,
-        input_wait_fraction=(sum(r[metrics.INPUT_WAIT_TIME] for r in steady) / wall)
-        if wall
-        else 0.0,
-        loss_scale_skipped_steps=int(loop.step.numpy()) - int(optimizer.iterations.numpy()),
-        checkpoint_dir=ckpt_dir,
+        input_wait_fraction=waited / wall if wall else 0.0,
+        loss_scale_skipped_steps=int(loop.step.numpy()) - int(setup.optimizer.iterations.numpy()),
+        checkpoint_dir=checkpoints.directory,
         history=tuple(history),
-        model=model,
+        model=setup.model,
     )
     for h in hooks:
         h.on_train_end(result)

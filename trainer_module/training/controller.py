@@ -44,7 +44,7 @@ from trainer_module.training.optimization import current_learning_rate
 from trainer_module.training.precision import loss_scale_variable
 from trainer_module.training.profiler import ProfilerWindow
 from trainer_module.training.results import RunFacts, TrainResult
-from trainer_module.training.setup import set_up
+from trainer_module.training.setup import TrainingSetup, set_up
 from trainer_module.training.strategy import agree_any, strategy_name
 from trainer_module.training.summaries import Summaries
 
@@ -83,6 +83,92 @@ def _loop_record(
     }
 
 
+def _run_facts(
+    setup: TrainingSetup,
+    config: TrainingConfig,
+    *,
+    start_step: int,
+    input_cache: tuple[bool, str],
+    checkpoint_saves: str,
+    work_dir: str,
+) -> RunFacts:
+    return RunFacts(
+        strategy_name=strategy_name(setup.strategy),
+        num_replicas=setup.strategy.num_replicas_in_sync,
+        num_workers=setup.cluster.num_workers,
+        global_batch_size=setup.batch.global_batch,
+        per_replica_batch_size=setup.batch.per_replica,
+        gradient_accumulation_steps=setup.batch.accumulation_steps,
+        learning_rate=setup.learning_rate,
+        precision_policy=setup.policy_name,
+        precision_reason=setup.policy_reason,
+        model_kind=setup.model_kind,
+        parameters=int(setup.model.count_params()),
+        start_step=start_step,
+        train_steps=config.train_steps,
+        input_cached=input_cache[0],
+        input_cache_reason=input_cache[1],
+        checkpoint_saves=checkpoint_saves,
+        work_dir=work_dir,
+    )
+
+
+def _train_loops(
+    loop: TrainLoop,
+    iterator: Any,
+    config: TrainingConfig,
+    *,
+    start_step: int,
+    checkpoint: CheckpointAction,
+    summaries: Summaries,
+    profiler: ProfilerWindow,
+    hooks: Sequence[TrainingHook],
+) -> list[dict[str, Any]]:
+    """Loops from ``start_step`` to ``config.train_steps``, each followed by its actions; the
+    loops' history records."""
+    scale_var = loss_scale_variable(loop.optimizer)
+    history: list[dict[str, Any]] = []
+    step = start_step
+    while step < config.train_steps:
+        # Loops end exactly at checkpoint steps and the profiler window's edges.
+        edges = (checkpoint.steps_to_next(step), profiler.steps_to_edge(step))
+        n = min(config.steps_per_loop, config.train_steps - step, *(e for e in edges if e))
+        profiler.before_loop(step)
+        t0 = time.perf_counter()
+        try:
+            ran = int(loop.train_loop(iterator, tf.constant(n, tf.int64)))  # host sync
+        except tf.errors.InvalidArgumentError as e:
+            raise _invalid_data_error(e, step + 1) from e
+        wall = time.perf_counter() - t0
+        bad = int(loop.bad_step.numpy())
+        if bad >= 0:
+            raise TrainingDivergedError(
+                bad, float(loop.last_loss.numpy()), current_learning_rate(loop.optimizer)
+            )
+        step += ran
+        profiler.after_loop(step)
+        record = _loop_record(loop, step=step, ran=ran, wall=wall, scale_var=scale_var)
+        history.append(record)
+        summaries.write_loop(record, step)
+        for h in hooks:
+            h.on_loop_end(step, dict(record))
+        path, save_seconds = checkpoint(step)
+        if path is not None:
+            for h in hooks:
+                h.on_checkpoint(step, path)
+        # Where the time between loops went (the advisor's "outside the loop" share): the host's
+        # work after this loop (reads, summaries, hooks, checkpoint) until the next one starts.
+        # The save at the end of training is kept apart: every run pays it once, whatever its
+        # checkpoint cadence.
+        final = step >= config.train_steps
+        record[metrics.CHECKPOINT_TIME] = 0.0 if final else save_seconds
+        record[metrics.FINAL_CHECKPOINT_TIME] = save_seconds if final else 0.0
+        record[metrics.HOST_TIME] = (
+            time.perf_counter() - (t0 + wall) - record[metrics.FINAL_CHECKPOINT_TIME]
+        )
+    return history
+
+
 def train(
     *,
     config: TrainingConfig,
@@ -107,9 +193,8 @@ def train(
     if not train_files:
         raise InputDataError("`train_files` is empty")
     setup = set_up(config, model_inputs)
-    strategy, batch, cluster = setup.strategy, setup.batch, setup.cluster
-    loop = TrainLoop(strategy, setup.model, setup.optimizer, config, batch)
-
+    cluster, chief = setup.cluster, setup.cluster.is_chief
+    loop = TrainLoop(setup.strategy, setup.model, setup.optimizer, config, setup.batch)
     checkpoints = CheckpointStore(
         training_checkpoint(
             model=setup.model,
@@ -123,105 +208,56 @@ def train(
     )
     checkpoints.restore_latest()
     start_step = int(loop.step.numpy())
-    # Decided here once for the record (make_dataset applies the same rule per pipeline shard).
-    input_cached, input_cache_reason = resolve_cache(config, train_files)
     train_ds = make_distributed_dataset(
-        strategy,
+        setup.strategy,
         train_files,
         feature_spec,
         model_inputs,
         config,
-        per_replica_batch_size=batch.per_replica_step,
+        per_replica_batch_size=setup.batch.per_replica_step,
         training=True,
         compression=compression,
         start_step=start_step,
     )
-    iterator = iter(train_ds)
-
-    chief = cluster.is_chief
     hooks = tuple(hooks) if chief else ()
     summaries = Summaries(os.path.join(work_dir, "logs", "train") if chief else None)
-    profiler = ProfilerWindow(
-        config.profile_steps, os.path.join(work_dir, "profile"), enabled=chief
-    )
-    scale_var = loss_scale_variable(setup.optimizer)
-    facts = RunFacts(
-        strategy_name=strategy_name(strategy),
-        num_replicas=strategy.num_replicas_in_sync,
-        num_workers=cluster.num_workers,
-        global_batch_size=batch.global_batch,
-        per_replica_batch_size=batch.per_replica,
-        gradient_accumulation_steps=batch.accumulation_steps,
-        learning_rate=setup.learning_rate,
-        precision_policy=setup.policy_name,
-        precision_reason=setup.policy_reason,
-        model_kind=setup.model_kind,
-        parameters=int(setup.model.count_params()),
+    facts = _run_facts(
+        setup,
+        config,
         start_step=start_step,
-        train_steps=config.train_steps,
-        input_cached=input_cached,
-        input_cache_reason=input_cache_reason,
+        # Decided here once for the record (make_dataset applies the same rule per shard).
+        input_cache=resolve_cache(config, train_files),
         checkpoint_saves=checkpoints.saves,
         work_dir=work_dir,
     )
     for h in hooks:
         h.on_train_begin(facts)
 
-    checkpoint = CheckpointAction(
-        checkpoints.save,
-        train_steps=config.train_steps,
-        every_steps=config.checkpoint_every_steps,
-        every_seconds=config.checkpoint_every_seconds,
-        start_step=start_step,
-        agree=lambda late: agree_any(strategy, late, cluster.num_workers),
+    profiler = ProfilerWindow(
+        config.profile_steps, os.path.join(work_dir, "profile"), enabled=chief
     )
-    history: list[dict[str, Any]] = []
-    step = start_step
     try:
-        while step < config.train_steps:
-            # Loops end exactly at checkpoint steps and the profiler window's edges.
-            boundaries = (checkpoint.steps_to_next(step), profiler.steps_to_edge(step))
-            n = min(
-                config.steps_per_loop,
-                config.train_steps - step,
-                *(b for b in boundaries if b is not None),
-            )
-            profiler.before_loop(step)
-            t0 = time.perf_counter()
-            try:
-                ran = int(loop.train_loop(iterator, tf.constant(n, tf.int64)))  # host sync
-            except tf.errors.InvalidArgumentError as e:
-                raise _invalid_data_error(e, step + 1) from e
-            wall = time.perf_counter() - t0
-            bad = int(loop.bad_step.numpy())
-            if bad >= 0:
-                raise TrainingDivergedError(
-                    bad, float(loop.last_loss.numpy()), current_learning_rate(setup.optimizer)
-                )
-            step += ran
-            profiler.after_loop(step)
-            record = _loop_record(loop, step=step, ran=ran, wall=wall, scale_var=scale_var)
-            history.append(record)
-            summaries.write_loop(record, step)
-            for h in hooks:
-                h.on_loop_end(step, dict(record))
-            path, save_seconds = checkpoint(step)
-            if path is not None:
-                for h in hooks:
-                    h.on_checkpoint(step, path)
-            # Where the time between loops went (the advisor's "outside the loop" share): the
-            # host's work after this loop (reads, summaries, hooks, checkpoint) until the next
-            # one starts. The save at the end of training is kept apart: every run pays it once,
-            # whatever its checkpoint cadence.
-            final = step >= config.train_steps
-            record[metrics.CHECKPOINT_TIME] = 0.0 if final else save_seconds
-            record[metrics.FINAL_CHECKPOINT_TIME] = save_seconds if final else 0.0
-            record[metrics.HOST_TIME] = (
-                time.perf_counter() - (t0 + wall) - record[metrics.FINAL_CHECKPOINT_TIME]
-            )
+        history = _train_loops(
+            loop,
+            iter(train_ds),
+            config,
+            start_step=start_step,
+            checkpoint=CheckpointAction(
+                checkpoints.save,
+                train_steps=config.train_steps,
+                every_steps=config.checkpoint_every_steps,
+                every_seconds=config.checkpoint_every_seconds,
+                start_step=start_step,
+                agree=lambda late: agree_any(setup.strategy, late, cluster.num_workers),
+            ),
+            summaries=summaries,
+            profiler=profiler,
+            hooks=hooks,
+        )
     finally:
         profiler.close()
         summaries.flush()
+    step = history[-1][metrics.STEP] if history else start_step
 
     eval_metrics = evaluate(
         loop,
@@ -233,15 +269,14 @@ def train(
     )
     if eval_metrics:
         summaries.write_eval(eval_metrics, step)
-
+    serving = build_serving_model(setup.model, model_inputs, config) if chief else None
+    checkpoints.close()
     # Throughput over the steady state: drop the first loop (it includes tracing/compiling)
     # when there is more than one.
     steady = history[1:] if len(history) > 1 else history
     wall = sum(r[metrics.WALL_TIME] for r in steady)
-    examples = sum(r[metrics.STEPS] for r in steady) * batch.global_batch
+    examples = sum(r[metrics.STEPS] for r in steady) * setup.batch.global_batch
     waited = sum(r[metrics.INPUT_WAIT_TIME] for r in steady)
-    serving = build_serving_model(setup.model, model_inputs, config) if chief else None
-    checkpoints.close()
     result = TrainResult(
         facts=facts,
         serving_model=serving,

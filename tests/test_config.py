@@ -42,14 +42,14 @@ def test_yaml_file_then_overrides(tmp_path):
     path.write_text(
         "model_name: mine\n"
         "data:\n  path: data/x.csv\n  label: b\n  numeric: [a]\n  categorical: []\n"
-        "training:\n  train_steps: 10\n  hidden_units: [8, 4]\n"
+        "training:\n  train_steps: 10\n  models:\n    tabular: {hidden_units: [8, 4]}\n"
     )
     config = load_config(path, overrides=["training.train_steps=20", "training.precision=float32"])
     assert config.model_name == "mine"
     # Relative data paths are relative to the config file, not the shell.
     assert config.data.path == str((tmp_path / "data" / "x.csv").resolve())
     assert config.training.train_steps == 20
-    assert config.training.hidden_units == (8, 4)
+    assert config.training.models["tabular"].hidden_units == (8, 4)
     assert config.training.precision == "float32"
 
 

@@ -29,7 +29,7 @@ def _train(data, work_dir, **overrides):
         checkpoint_every_steps=0,
         precision="float32",
         dropout_rate=0.0,
-        hidden_units=(32, 32),
+        models={"tabular": {"hidden_units": (32, 32)}},
         deterministic_input=True,
         learning_rate_scaling="none",
     )
@@ -77,14 +77,8 @@ def text_data(tmp_path_factory):
 def test_fused_transformer_one_replica_vs_two_and_vs_unfused(text_data, tmp_path):
     """The fused XLA kernels (the training default) under MirroredStrategy: the same loss
     trajectory on 1 and 2 replicas, and the same as the plain Keras layers."""
-    transformer = dict(
-        model="transformer",
-        transformer_layers=1,
-        transformer_d_model=32,
-        transformer_heads=4,
-        transformer_ffn_dim=64,
-        hidden_units=(16,),
-    )
+    options = {"layers": 1, "d_model": 32, "heads": 4, "ffn_dim": 64, "hidden_units": (16,)}
+    transformer = dict(model="transformer", models={"transformer": options})
     one = _train(text_data, tmp_path / "one", per_replica_batch_size=32, **transformer)
     two = _train(
         text_data,
@@ -97,8 +91,8 @@ def test_fused_transformer_one_replica_vs_two_and_vs_unfused(text_data, tmp_path
         text_data,
         tmp_path / "plain",
         per_replica_batch_size=32,
-        fused_kernels=False,
-        **transformer,
+        model="transformer",
+        models={"transformer": {**options, "fused_kernels": False}},
     )
     assert two.facts.strategy_name == "MirroredStrategy" and two.facts.num_replicas == 2
     l1, l2, lp = ([r["loss"] for r in run.history] for run in (one, two, plain))

@@ -56,7 +56,7 @@ def _run(dataset, work_dir, hooks=(), **overrides):
         steps_per_loop=10,
         checkpoint_every_steps=20,
         learning_rate=5e-3,
-        hidden_units=(32,),
+        models={"tabular": {"hidden_units": (32,)}},
         precision="float32",
     )
     base.update(overrides)
@@ -98,10 +98,7 @@ def test_transformer_model_learns(text, tmp_path):
         text,
         tmp_path,
         learning_rate=3e-3,
-        transformer_layers=1,
-        transformer_d_model=32,
-        transformer_heads=2,
-        transformer_ffn_dim=64,
+        models={"transformer": {"layers": 1, "d_model": 32, "heads": 2, "ffn_dim": 64}},
         dropout_rate=0.0,
     )
     assert result.facts.model_kind == "transformer"
@@ -282,7 +279,7 @@ def _wait_fraction(dataset, steps=8):
     inputs = tabular_inputs()
     # A step of a few ms (not a toy 0.3 ms one), so get_next's fixed cost of ~0.1-0.2 ms on a
     # prefetched iterator is small next to it, as it is in real training.
-    config = TrainingConfig(hidden_units=(512, 512), precision="float32")
+    config = TrainingConfig(models={"tabular": {"hidden_units": (512, 512)}}, precision="float32")
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         model = build_model(inputs, config)

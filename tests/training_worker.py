@@ -42,9 +42,8 @@ def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     cfg = dict(spec["config"])
-    for key in ("hidden_units", "profile_steps"):
-        if cfg.get(key) is not None:
-            cfg[key] = tuple(cfg[key])
+    if cfg.get("profile_steps") is not None:
+        cfg["profile_steps"] = tuple(cfg["profile_steps"])
     config = TrainingConfig(**cfg)
     inputs = text_inputs() if spec.get("model") == "text" else tabular_inputs()
     data = spec["data_dir"]

@@ -245,32 +245,16 @@ def reader_rates(
 
 # ---------------------------------------------------------------------------------- FLOPs
 def training_flops_per_example(data: TrainingData, config: TrainingConfig) -> dict[str, float]:
-    """Analytic matmul FLOPs per training example (2 FLOPs per multiply-add).
-
-    Counted: every dense matmul of the model as built by ``build_model``.
-      Transformer, per text column of sequence S, width d, FFN f, per layer:
-        Q, K, V and output projections 4 x 2·S·d²; scores Q·Kᵀ 2·S²·d; weights·V 2·S²·d;
-        FFN 2·S·d·f + 2·S·f·d  =>  8·S·d² + 4·S²·d + 4·S·d·f.
-      MLP: 2·w_in·w_out per Dense (hidden layers and the softmax head), w_in of the first layer
-        = numeric features + embedding_dim per categorical feature + d per text column.
-    Not counted (the usual MFU convention): embedding gathers, layer norm, softmax, GELU,
-    dropout, the optimizer update. Training = 3 x forward (the backward pass computes two
+    """Analytic matmul FLOPs per training example (2 FLOPs per multiply-add), as the model's own
+    registry entry counts them (``ModelSpec.forward_flops``: every dense matmul of the model as
+    built). Not counted (the usual MFU convention): embedding gathers, layer norm, softmax,
+    GELU, dropout, the optimizer update. Training = 3 x forward (the backward pass computes two
     matmuls per forward matmul: gradients w.r.t. inputs and weights).
     """
-    inputs = data.model_inputs
-    kind = config.resolved_model(inputs)
-    forward = 0.0
-    width = len(inputs.numeric) + config.embedding_dim * len(inputs.categorical)
-    if kind == "transformer":
-        d, f = config.transformer_d_model, config.transformer_ffn_dim
-        for _, seq_len in inputs.text.values():
-            s = seq_len
-            forward += config.transformer_layers * (8 * s * d * d + 4 * s * s * d + 4 * s * d * f)
-            width += d
-    for units in config.hidden_units:
-        forward += 2 * width * units
-        width = units
-    forward += 2 * width * inputs.num_classes
+    from trainer_module.training import MODELS
+
+    name = config.resolved_model(data.model_inputs)
+    forward = MODELS[name].forward_flops(data.model_inputs, config.model_options(name), config)
     return {"forward": forward, "training": 3 * forward}
 
 
@@ -325,7 +309,7 @@ def trimmed_lengths(data: TrainingData, config: TrainingConfig, *, batches: int)
     """Mean length of the text after ``TrimPadding`` over the first training batches (the
     first text column), and the full length: what trimming saves on this data."""
     from trainer_module.training import make_dataset
-    from trainer_module.training.models import TrimPadding
+    from trainer_module.training.models.transformer import TrimPadding
 
     name, (_, full) = next(iter(data.model_inputs.text.items()))
     ds = make_dataset(

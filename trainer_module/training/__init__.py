@@ -1,6 +1,6 @@
 """fullthrottle's training-loop library: a distributed, mixed-precision ``tf.function`` loop.
 
-Module split: ``config`` (what to do, validated), ``models``, ``hardware``
+Module split: ``config`` (what to do, validated), ``models`` (the registry), ``hardware``
 (what this machine can do), ``strategy`` (where), ``precision`` (in which dtype), ``inputs``
 (data), ``optimization``, ``setup`` (strategy, precision, model and optimizer, in order),
 ``loop`` (the compiled N-step inner loop), ``controller`` (the outer loop) and its actions:
@@ -30,11 +30,7 @@ from trainer_module.training.inputs import (
     make_distributed_dataset,
     validate_feature_spec,
 )
-from trainer_module.training.models import (
-    build_model,
-    build_serving_model,
-    training_model_options,
-)
+from trainer_module.training.models import MODELS, build_model, build_serving_model
 from trainer_module.training.optimization import WarmupSchedule, create_optimizer
 from trainer_module.training.precision import dtype_policy, resolve_precision_policy
 from trainer_module.training.results import SUMMARY_FILE, RunFacts, TrainResult
@@ -42,6 +38,7 @@ from trainer_module.training.strategy import cluster_info, create_strategy
 
 __all__ = [
     "BatchSizes",
+    "MODELS",
     "ConfigError",
     "InputDataError",
     "ModelInputs",
@@ -65,7 +62,6 @@ __all__ = [
     "resolve_batch_sizes",
     "resolve_precision_policy",
     "scaled_learning_rate",
-    "training_model_options",
     "train",
     "validate_feature_spec",
 ]

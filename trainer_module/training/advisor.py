@@ -25,6 +25,7 @@ from typing import Any
 from trainer_module.training import metrics
 from trainer_module.training.config import TrainingConfig
 from trainer_module.training.hardware import DeviceFacts, device_facts
+from trainer_module.training.models import MODELS
 from trainer_module.training.results import TrainResult
 
 # TensorFlow profiler's input-pipeline analyser uses the same bands.
@@ -69,7 +70,7 @@ class StepTimeMeasurements:
     # Whether the training input was served from the in-memory cache (None = unknown): the
     # advisor does not suggest `cache` for a run that already had it.
     input_cached: bool | None = None
-    model_kind: str | None = None  # "tabular" | "transformer" (None = unknown)
+    model_kind: str | None = None  # a registered model's name (None = unknown)
     # The host's work between loops (metric reads, summaries, hooks, periodic checkpoints) per
     # step, and the periodic checkpoints' share of it; 0 for records without them (the
     # benchmark's bare loop). The save at the end of training is not counted.
@@ -303,26 +304,11 @@ def _compute_advice(
                     "float32 rate (measured 410 vs 213 GFLOP/s on the CI machine)",
                 )
             )
-    if m.model_kind == "transformer" and not config.fused_kernels and not config.jit_compile:
-        advice.append(
-            _item(
-                "fused_kernels",
-                True,
-                "runs the Transformer's layer norms, GELU, softmax dropout and residual dropouts "
-                "as fused XLA kernels between the matmuls (same maths and weights; measured "
-                "1.31x on the d_model 256 bench Transformer in mixed_bfloat16 on a 2-core CPU)",
-            )
-        )
-    if m.model_kind == "transformer" and not config.trim_padding and not config.jit_compile:
-        advice.append(
-            _item(
-                "trim_padding",
-                True,
-                "cuts each batch's text after its longest text, so padding costs no matmuls "
-                "(same outputs and gradients; measured 2.3x on the bundled text data, whose "
-                "batches hold 57 of 128 tokens; no gain where texts fill the sequence)",
-            )
-        )
+    # The model's own levers (the registry's advice for the model that ran).
+    if m.model_kind in MODELS:
+        spec = MODELS[m.model_kind]
+        for lever in spec.advice(config.model_options(spec.name), config):
+            advice.append(_item(f"models.{spec.name}.{lever.option}", lever.value, lever.why))
     if not config.jit_compile:
         if device.has_gpu:
             advice.append(

@@ -11,10 +11,14 @@ float32 serving twin of a mixed-precision model in the same process cannot be co
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import keras
 
-from trainer_module.training.config import TrainingConfig
 from trainer_module.training.hardware import BF16_CPU_FLAGS, CPUINFO, device_facts
+
+if TYPE_CHECKING:
+    from trainer_module.training.config import TrainingConfig
 
 
 def resolve_precision_policy(

@@ -22,7 +22,7 @@ from trainer_module.training.config import (
     resolve_batch_sizes,
     scaled_learning_rate,
 )
-from trainer_module.training.models import build_model, training_model_options
+from trainer_module.training.models import build_model
 from trainer_module.training.optimization import create_optimizer
 from trainer_module.training.precision import resolve_precision_policy
 from trainer_module.training.strategy import ClusterInfo, cluster_info, create_strategy
@@ -39,7 +39,7 @@ class TrainingSetup:
     batch: BatchSizes
     learning_rate: float  # the peak learning rate, scaled for the global batch
     model_kind: str
-    model: keras.Model  # the training model (its options: models.training_model_options)
+    model: keras.Model  # the training graph (build_model(..., training=True))
     optimizer: keras.optimizers.Optimizer  # built: its slot variables exist
 
 
@@ -55,7 +55,7 @@ def set_up(config: TrainingConfig, model_inputs: ModelInputs) -> TrainingSetup:
     batch = resolve_batch_sizes(config, strategy.num_replicas_in_sync)
     learning_rate = scaled_learning_rate(config, batch.global_batch)
     with strategy.scope():
-        model = build_model(model_inputs, config, policy_name, **training_model_options(config))
+        model = build_model(model_inputs, config, policy_name, training=True)
         optimizer = create_optimizer(config, learning_rate, policy_name)
         optimizer.build(model.trainable_variables)
     return TrainingSetup(

@@ -41,8 +41,8 @@ SMALL_STEP_SECONDS = 0.005
 SMALL_LOOP_STEPS = 200
 # Periodic checkpoints are advised against when they take at least this share of the training
 # time (loops + the host's work between them), and the suggested cadence brings them to about
-# CHECKPOINT_TARGET_SHARE. Measured 2026-11-30: the default (every 100 steps) took 29% of a
-# tabular run's time on 2 CPU cores (12.5 ms per save against 0.3 ms steps).
+# CHECKPOINT_TARGET_SHARE. Measured on 2 CPU cores: the default (every 100 steps) took 29% of a
+# tabular run's time (12.5 ms per save against 0.3 ms steps).
 CHECKPOINT_SHARE = 0.05
 CHECKPOINT_TARGET_SHARE = 0.02
 # ... and only when they add up to at least this much over the whole run (train_steps at the
@@ -50,10 +50,10 @@ CHECKPOINT_TARGET_SHARE = 0.02
 # not worth giving up a checkpoint for.
 CHECKPOINT_MIN_SECONDS = 1.0
 # A per-step input wait this short, from input served out of the in-memory cache, is tf.data
-# getting one batch to the loop, not the pipeline working: measured 2026-12-01 on 2 CPU cores
-# with in-memory batches, get_next waited 0.03 ms between idle calls and 0.07-0.08 ms after
+# getting one batch to the loop, not the pipeline working: measured on 2 CPU cores with
+# in-memory batches, get_next waited 0.03 ms between idle calls and 0.07-0.08 ms after
 # 0.7-1.3 ms steps from a full prefetch buffer, and 0.07 ms per 0.21 ms tabular step when the
-# loop's own get_next takes them (as it now takes cached batches, see inputs.make_dataset).
+# loop's own get_next takes them (as it takes cached batches, see inputs.make_dataset).
 HANDOFF_WAIT_SECONDS = 1e-4
 
 

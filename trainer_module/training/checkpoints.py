@@ -10,8 +10,8 @@ Periodic checkpoints without re-walking the object graph at every save:
 
 `tf.train.Checkpoint.write`, run eagerly, walks the whole Python object graph (model, optimizer,
 their layers and variables) at every save, to rebuild the list of tensors to save and the graph
-proto it stores beside them. For the tabular model that walk is most of a save: measured on
-2026-12-01 (AMD EPYC, 2 cores, AVX2), a `CheckpointManager.save` took 28 ms eagerly and 6.6 ms
+proto it stores beside them. For the tabular model that walk is most of a save: measured on an
+AMD EPYC (2 cores, AVX2), a `CheckpointManager.save` took 28 ms eagerly and 6.6 ms
 traced (3.3 ms of it the write, the rest the manager's state file and sweep), and at the
 default cadence (every 100 steps of ~0.4 ms) the eager saves were ~30% of the training time,
 the traced ones ~13%. The first save pays the trace (~150 ms against ~65 ms eagerly).

@@ -16,8 +16,9 @@ Dropout masks are drawn by TensorFlow's stateless Philox kernel (outside XLA) as
 byte per element; the same bytes are kept for the backward pass (1 byte per element), so the
 forward and backward masks agree by construction.
 
-Only the training model uses these (``build_model(..., fused=True)``); the serving twin and the
-TFX-example baseline use plain Keras layers, so exported SavedModels contain no XLA clusters.
+Only the training graph uses these (``build_model(..., training=True)`` with the Transformer's
+``fused_kernels``); the serving twin and the TFX-example baseline use plain Keras layers, so
+exported SavedModels contain no XLA clusters.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ from typing import Any
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
+from trainer_module.training.results import SUMMARY_FILE
+
 _STATES = {
     metadata_store_pb2.Execution.NEW: "new",
     metadata_store_pb2.Execution.RUNNING: "running",
@@ -160,7 +162,7 @@ def read_latest_run(mlmd_path: str) -> RunOutcome | None:
     trainer = components.get("Trainer")
     if trainer:
         for model_run in trainer.outputs.get("model_run", []):
-            path = os.path.join(model_run["uri"], "training_summary.json")
+            path = os.path.join(model_run["uri"], SUMMARY_FILE)
             if os.path.exists(path):
                 with open(path, encoding="utf-8") as f:
                     training_summary = json.load(f)

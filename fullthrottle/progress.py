@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from trainer_module.training import TrainingHook
+from trainer_module.training import RunFacts, TrainingHook, metrics
 
 # ml_metadata.proto.metadata_store_pb2.Execution.State values (stable in the MLMD schema).
 _STATE_NAMES = {
@@ -242,15 +242,16 @@ class TrainerProgress(TrainingHook):
                 self._stream.write(text + "\n")
             self._stream.flush()
 
-    def on_train_begin(self, info: dict) -> None:
-        self._total = int(info.get("train_steps", 0))
-        self._start_step = int(info.get("start_step", info.get("initial_step", 0)))
+    def on_train_begin(self, facts: RunFacts) -> None:
+        self._total = facts.train_steps
+        self._start_step = facts.start_step
         self._started = time.monotonic()
         resumed = f" (resumed from step {self._start_step})" if self._start_step else ""
         self._emit(
-            f"[trainer] start step {self._start_step}/{self._total}{resumed}: {info.get('model')} model, "
-            f"{info.get('parameters')} parameters, {info.get('strategy_name')} x{info.get('num_replicas')}, "
-            f"global batch {info.get('global_batch_size')}, {info.get('precision_policy')}"
+            f"[trainer] start step {self._start_step}/{self._total}{resumed}: "
+            f"{facts.model_kind} model, {facts.parameters} parameters, "
+            f"{facts.strategy_name} x{facts.num_replicas}, "
+            f"global batch {facts.global_batch_size}, {facts.precision_policy}"
         )
 
     def _steady_rate(self) -> float | None:
@@ -260,19 +261,19 @@ class TrainerProgress(TrainingHook):
         seconds = sum(s for _, s in loops)
         return seconds / steps if steps else None
 
-    def on_loop_end(self, step: int, metrics: dict) -> None:
-        steps = int(metrics.get("steps") or 0)
-        wall = float(metrics.get("wall_time") or 0.0)
+    def on_loop_end(self, step: int, record: dict) -> None:
+        steps = int(record.get(metrics.STEPS) or 0)
+        wall = float(record.get(metrics.WALL_TIME) or 0.0)
         if steps:
             self._loops.append((steps, wall))
         seconds_per_step = self._steady_rate()
         eta = (self._total - step) * seconds_per_step if seconds_per_step is not None else None
-        self._examples_per_second = float(metrics.get("examples_per_second") or 0.0)
-        loss = metrics.get("loss")
+        self._examples_per_second = float(record.get(metrics.EXAMPLES_PER_SECOND) or 0.0)
+        loss = record.get(metrics.LOSS)
         loss_text = f"{float(loss):.4f}" if loss is not None else "-"
         fraction = step / self._total if self._total else 1.0
         eta_text = _format_seconds(eta) if eta is not None else "?"
-        wait = metrics.get("input_wait_fraction")
+        wait = record.get(metrics.INPUT_WAIT_FRACTION)
         wait_text = f" input_wait={float(wait):.0%}" if wait is not None else ""
         if self._terminal:
             filled = int(round(fraction * self._bar_width))
@@ -298,7 +299,7 @@ class TrainerProgress(TrainingHook):
         if self._bar_showing:
             self._emit("")  # end the bar's line
         elapsed = time.monotonic() - self._started
-        accuracy = (result.eval_metrics or {}).get("accuracy")
+        accuracy = (result.eval_metrics or {}).get(metrics.EVAL_ACCURACY)
         accuracy_text = f", eval accuracy {accuracy:.4f}" if accuracy is not None else ""
         self._emit(
             f"[trainer] done: {result.steps_completed} steps in {_format_seconds(elapsed)}, "

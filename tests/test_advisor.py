@@ -19,12 +19,12 @@ from trainer_module.training import TrainingConfig
 from trainer_module.training.advisor import (
     HIGHLY_INPUT_BOUND,
     NOT_INPUT_BOUND,
-    DeviceFacts,
     StepTimeMeasurements,
     advise,
     format_advice,
     measurements_from_history,
 )
+from trainer_module.training.hardware import DeviceFacts
 
 CPU_NO_BF16 = DeviceFacts(cpu_flags=frozenset({"avx2", "fma"}), cpu_count=2)
 CPU_BF16 = DeviceFacts(cpu_flags=frozenset({"avx512f", "avx512_bf16"}), cpu_count=2)
@@ -89,7 +89,7 @@ def test_in_memory_wide_model_is_not_input_bound_and_advice_names_compute_knobs(
         model="tabular",
         precision="float32",
         per_replica_batch_size=1024,
-        hidden_units=(1024, 1024),
+        models={"tabular": {"hidden_units": (1024, 1024)}},
         steps_per_loop=4,
         dropout_rate=0.0,
     )
@@ -149,18 +149,21 @@ def test_cache_is_advised_only_when_the_input_was_not_cached():
     assert "per_replica_batch_size" in fields(True)  # what is left: fewer, larger batches
 
 
-@pytest.mark.parametrize("field", ["fused_kernels", "trim_padding"])
-def test_transformer_levers_are_advised_only_for_a_transformer_run_without_them(field):
-    def fields(kind, **config):
-        m = StepTimeMeasurements(0.2, 0.001, 100, 3, 64, "mixed_bfloat16", model_kind=kind)
-        return _fields(advise(m, TrainingConfig(**config), CPU_BF16))
+@pytest.mark.parametrize("option", ["fused_kernels", "trim_padding"])
+def test_transformer_levers_are_advised_only_for_a_transformer_run_without_them(option):
+    field = f"models.transformer.{option}"
 
-    assert field in fields("transformer", **{field: False})
+    def fields(kind, off=False, **config):
+        models = {"transformer": {option: False}} if off else {}
+        m = StepTimeMeasurements(0.2, 0.001, 100, 3, 64, "mixed_bfloat16", model_kind=kind)
+        return _fields(advise(m, TrainingConfig(models=models, **config), CPU_BF16))
+
+    assert field in fields("transformer", off=True)
     assert field not in fields("transformer")  # the default: already on
-    assert field not in fields("tabular", **{field: False})  # no text: nothing to fuse or trim
-    assert field not in fields(None, **{field: False})  # model unknown
+    assert field not in fields("tabular", off=True)  # no text: nothing to fuse or trim
+    assert field not in fields(None, off=True)  # model unknown
     # Whole-graph XLA fuses everything itself, and needs shapes before the data (no trimming).
-    assert field not in fields("transformer", **{field: False}, jit_compile=True)
+    assert field not in fields("transformer", off=True, jit_compile=True)
 
 
 def test_bands_and_small_steps():
@@ -293,7 +296,7 @@ def test_a_run_that_checkpoints_every_loop_is_told_what_its_saves_cost(tmp_path)
             train_steps=60,
             steps_per_loop=5,
             checkpoint_every_steps=every,
-            hidden_units=(16,),
+            models={"tabular": {"hidden_units": (16,)}},
         )
         result = train(
             config=config,
@@ -315,7 +318,7 @@ def test_a_run_that_checkpoints_every_loop_is_told_what_its_saves_cost(tmp_path)
     assert "checkpoint_every_steps" not in _fields(report)
     # ...but the same measurements for a 200,000-step run: a cadence of many loops.
     m = measurements_from_history(
-        result.history, global_batch_size=32, precision_policy=result.precision_policy
+        result.history, global_batch_size=32, precision_policy=result.facts.precision_policy
     )
     assert m.checkpoints == 10  # the first loop (tracing) is not measured
     long_run = TrainingConfig(train_steps=200_000, steps_per_loop=5, checkpoint_every_steps=5)

@@ -46,11 +46,16 @@ TINY_TRANSFORMER = TrainingConfig(
     precision="float32",
     per_replica_batch_size=8,
     steps_per_loop=3,
-    transformer_layers=1,
-    transformer_d_model=16,
-    transformer_heads=2,
-    transformer_ffn_dim=32,
-    hidden_units=(16,),
+    models={
+        "transformer": {
+            "layers": 1,
+            "d_model": 16,
+            "heads": 2,
+            "ffn_dim": 32,
+            "hidden_units": [16],
+        },
+        "tabular": {"hidden_units": [16]},
+    },
 )
 
 

@@ -52,14 +52,14 @@ def test_yaml_file_then_overrides(tmp_path):
     path.write_text(
         "model_name: mine\n"
         "data:\n  path: data/x.csv\n  label: b\n  numeric: [a]\n  categorical: []\n"
-        "training:\n  train_steps: 10\n  hidden_units: [8, 4]\n"
+        "training:\n  train_steps: 10\n  models:\n    tabular: {hidden_units: [8, 4]}\n"
     )
     config = load_config(path, overrides=["training.train_steps=20", "training.precision=float32"])
     assert config.model_name == "mine"
     # Relative data paths are relative to the config file, not the shell.
     assert config.data.path == str((tmp_path / "data" / "x.csv").resolve())
     assert config.training.train_steps == 20
-    assert config.training.hidden_units == (8, 4)
+    assert config.training.models["tabular"].hidden_units == (8, 4)
     assert config.training.precision == "float32"
 
 
@@ -200,17 +200,33 @@ def test_training_config_errors_surface_under_training():
     # TrainingConfig is the training library's own dataclass: its `__post_init__` raises the one
     # ConfigError with a bare field, and the config layer puts it under `training.`.
     with pytest.raises(ConfigError) as info:
-        load_config(overrides=["training.transformer_d_model=66"])
+        load_config(overrides=["training.per_replica_batch_size=0"])
+    assert str(info.value) == "`training.per_replica_batch_size` must be > 0, got 0"
+    with pytest.raises(ConfigError) as info:
+        TrainingConfig(per_replica_batch_size=0)
+    assert info.value.field == "per_replica_batch_size"
+    assert str(info.value) == "`per_replica_batch_size` must be > 0, got 0"
+    # A model's own section (the registry's) is qualified the same way, at any depth.
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["training.models.transformer.d_model=66"])
     assert str(info.value) == (
-        "`training.transformer_d_model` must be divisible by `transformer_heads` (4), got 66"
+        "`training.models.transformer.d_model` must be divisible by `heads` (4), got 66"
     )
     with pytest.raises(ConfigError) as info:
-        TrainingConfig(transformer_d_model=66)
-    assert info.value.field == "transformer_d_model"
-    assert str(info.value).startswith("`transformer_d_model` must be divisible")
+        load_config(overrides=["training.models.transformer.dmodel=66"])
+    assert str(info.value).startswith(
+        "unknown config key `training.models.transformer.dmodel` (did you mean `d_model`?); "
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["training.models.transformr.d_model=66"])
+    assert str(info.value).startswith(
+        "unknown model `training.models.transformr` (did you mean `transformer`?); "
+    )
     # The Trainer rebuilds it from the JSON custom_config the same way (lists for tuples).
-    rebuilt = validate_section(TrainingConfig, {"hidden_units": [8, 4]}, where="training")
-    assert rebuilt == TrainingConfig(hidden_units=(8, 4))
+    rebuilt = validate_section(
+        TrainingConfig, {"models": {"tabular": {"hidden_units": [8, 4]}}}, where="training"
+    )
+    assert rebuilt == TrainingConfig(models={"tabular": {"hidden_units": (8, 4)}})
     with pytest.raises(ConfigError) as info:
         validate_section(TrainingConfig, {"warmup_steps": -1}, where="training")
     assert str(info.value) == "`training.warmup_steps` must be >= 0, got -1"

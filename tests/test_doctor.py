@@ -8,8 +8,9 @@ import platform
 
 import tensorflow as tf
 
-from fullthrottle.commands.doctor import _driver_too_old, cpu_facts
+from fullthrottle.commands.doctor import cpu_facts
 from tests.helpers import run_cli
+from trainer_module.training.hardware import driver_too_old
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -98,7 +99,7 @@ def test_cpu_without_bf16_flags_is_reported_as_no_native_bf16(tmp_path):
 
 
 def test_driver_age_check_follows_the_cuda_major_version():
-    assert _driver_too_old("470.82.01", "12.5.1") == "525.60"
-    assert _driver_too_old("535.104.05", "12.5.1") is None
-    assert _driver_too_old("535.104.05", "13.0") == "580.0"
-    assert _driver_too_old("garbled", "12.5.1") is None
+    assert driver_too_old("470.82.01", "12.5.1") == "525.60"
+    assert driver_too_old("535.104.05", "12.5.1") is None
+    assert driver_too_old("535.104.05", "13.0") == "580.0"
+    assert driver_too_old("garbled", "12.5.1") is None

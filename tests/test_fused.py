@@ -4,6 +4,8 @@ that get no attention. And the serving twin of a fused model is plain."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -27,10 +29,16 @@ def _batch(seed: int = 0, batch: int = 6):
     }
 
 
+def _training_graph(config: TrainingConfig, policy: str, *, fused: bool):
+    """The training graph with or without the fused kernels (full length: no trimming)."""
+    options = config.with_model_options("transformer", fused_kernels=fused, trim_padding=False)
+    return build_model(text_inputs(), options, policy, training=True)
+
+
 def _pair(policy: str, config: TrainingConfig = CONFIG):
     keras.utils.set_random_seed(1)
-    plain = build_model(text_inputs(), config, policy, fused=False)
-    fast = build_model(text_inputs(), config, policy, fused=True)
+    plain = _training_graph(config, policy, fused=False)
+    fast = _training_graph(config, policy, fused=True)
     fast.set_weights(plain.get_weights())
     kinds = {type(layer).__name__ for layer in fast._flatten_layers() if getattr(layer, "fused", 0)}
     assert kinds == {"LayerNorm", "ByteDropout", "TransformerBlock"}, kinds
@@ -70,7 +78,8 @@ def test_fused_model_matches_plain_model_outputs_and_gradients(policy, rtol, ato
             if "_XlaMustCompile" in op.node_def.attr and op.get_attr("_XlaMustCompile")
         ]
 
-    assert len(xla_calls(fast)) >= 2 * CONFIG.transformer_layers + 1  # >= the layer norms
+    layers = CONFIG.models["transformer"].layers
+    assert len(xla_calls(fast)) >= 2 * layers + 1  # >= the layer norms
     assert xla_calls(plain) == []
     # Inference too (no dropout either way).
     np.testing.assert_allclose(
@@ -198,7 +207,7 @@ def test_a_row_with_every_key_masked_stays_finite(dtype):
 
 
 def test_fused_dropout_model_trains_in_bfloat16_and_serving_twin_is_plain():
-    config = TrainingConfig(**{**CONFIG.__dict__, "dropout_rate": 0.1})
+    config = dataclasses.replace(CONFIG, dropout_rate=0.1)
     _, fast = _pair("mixed_bfloat16", config)
     features, labels = _batch(1), tf.constant([0, 1, 2, 0, 1, 2])
     # Two training calls draw different masks; inference is deterministic.

@@ -13,6 +13,7 @@ from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.hook import CpuMeter, Journal
 from fullthrottle.tracking.pipeline_run import config_params, run_key
 from tests.tracking_server import free_port
+from trainer_module.training import RunFacts
 
 
 def test_secrets_are_masked_in_uris_and_secret_fields_but_ordinary_fields_survive():
@@ -158,17 +159,44 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
             if step % checkpoint_every == 0:
                 hook.on_checkpoint(step, f"ckpt-{step}")
 
+    def facts(start_step):
+        return RunFacts(
+            strategy_name="OneDeviceStrategy",
+            num_replicas=1,
+            num_workers=1,
+            global_batch_size=64,
+            per_replica_batch_size=64,
+            gradient_accumulation_steps=1,
+            learning_rate=0.001,
+            precision_policy="float32",
+            precision_reason="set in config",
+            model_kind="tabular",
+            parameters=100,
+            start_step=start_step,
+            train_steps=250,
+            input_cached=True,
+            input_cache_reason="set in config",
+            checkpoint_saves="traced",
+            work_dir=work,
+        )
+
     first = MlflowTrainingHook(link)
-    first.on_train_begin({"work_dir": work, "start_step": 0})
+    first.on_train_begin(facts(0))
     train(first, range(10, 180, 10))  # points at 40, 80, 120, 160; checkpoints at 50, 100, 150
     assert first.sender is not None and first.sender.flush(timeout=20)
     run_id = first.run_id
     # Killed at step 170: no on_train_end. Only the points a checkpoint covers were sent.
     client = first.channel.client
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [40, 80, 120]
+    # The run's facts became its derived params, on the Trainer run and (prefixed) its parent.
+    params = client.get_run(run_id).data.params
+    assert params["model"] == "tabular" and params["scaled_learning_rate"] == "0.001"
+    assert params["parameters"] == "100" and params["strategy"] == "OneDeviceStrategy"
+    parent = client.get_run(link.parent_run_id).data.params
+    assert parent["derived.global_batch_size"] == "64"
 
     second = MlflowTrainingHook(link)
-    second.on_train_begin({"work_dir": work, "start_step": 150})  # the checkpoint at 150
+    second.on_train_begin(facts(150))  # the checkpoint at 150
     assert second.run_id == run_id  # found again, not created twice
     train(second, range(160, 260, 10))
     second.on_train_end(

@@ -49,8 +49,16 @@ from trainer_module.training import (
         ({"optimizer": "lion"}, "optimizer"),
         ({"learning_rate_scaling": "sqrt"}, "learning_rate_scaling"),
         ({"dropout_rate": 1.0}, "dropout_rate"),
-        ({"hidden_units": ()}, "hidden_units"),
-        ({"transformer_d_model": 30, "transformer_heads": 4}, "transformer_d_model"),
+        ({"models": {"tabular": {"hidden_units": ()}}}, "models.tabular.hidden_units"),
+        (
+            {"models": {"transformer": {"d_model": 30, "heads": 4}}},
+            "models.transformer.d_model",
+        ),
+        ({"models": {"transformer": {"layers": 0}}}, "models.transformer.layers"),
+        ({"models": {"transformer": {"pooling": "max"}}}, "models.transformer.pooling"),
+        ({"models": {"transformer": {"fused_kernels": "yes"}}}, "models.transformer.fused_kernels"),
+        ({"models": {"transformr": {}}}, "models.transformr"),
+        ({"models": {"transformer": {"layerz": 2}}}, "models.transformer.layerz"),
         ({"profile_steps": (5, 5)}, "profile_steps"),
         ({"checkpoint_every_seconds": 0}, "checkpoint_every_seconds"),
         ({"shuffle_buffer_size": -1}, "shuffle_buffer_size"),
@@ -209,7 +217,7 @@ def test_strategy_selection(monkeypatch):
 @pytest.mark.parametrize("policy", ["float32", "mixed_bfloat16", "mixed_float16"])
 def test_models_output_float32_probabilities(policy):
     config = TrainingConfig(
-        transformer_layers=1, transformer_d_model=16, transformer_heads=2, transformer_ffn_dim=16
+        models={"transformer": {"layers": 1, "d_model": 16, "heads": 2, "ffn_dim": 16}}
     )
     for inputs in (tabular_inputs(), text_inputs()):
         model = build_model(inputs, config, policy)
@@ -231,7 +239,7 @@ def test_transformer_ignores_padding():
     # Padding (id 0) is masked out of attention keys and of the mean pooling, so whatever the
     # padding embedding holds cannot reach the output; a real token can.
     config = TrainingConfig(
-        transformer_layers=1, transformer_d_model=16, transformer_heads=2, dropout_rate=0.0
+        models={"transformer": {"layers": 1, "d_model": 16, "heads": 2}}, dropout_rate=0.0
     )
     inputs = ModelInputs(text={"t": (20, 6)}, num_classes=2)
     model = build_model(inputs, config)
@@ -248,7 +256,7 @@ def test_transformer_ignores_padding():
 
 
 def test_byte_dropout_keeps_the_expectation_and_is_identity_at_inference():
-    from trainer_module.training.models import ByteDropout
+    from trainer_module.training.models.transformer import ByteDropout
 
     layer = ByteDropout(0.1)
     # The rate is quantized to 1/256: 0.1 -> 26/256; kept values scaled by 256/230.
@@ -266,10 +274,10 @@ def test_byte_dropout_keeps_the_expectation_and_is_identity_at_inference():
 
 
 def test_transformer_dropouts_are_byte_dropouts_with_checkpointed_state():
-    from trainer_module.training.models import ByteDropout
+    from trainer_module.training.models.transformer import ByteDropout
 
     config = TrainingConfig(
-        transformer_layers=1, transformer_d_model=16, transformer_heads=2, transformer_ffn_dim=16
+        models={"transformer": {"layers": 1, "d_model": 16, "heads": 2, "ffn_dim": 16}}
     )
     model = build_model(text_inputs(), config, "mixed_bfloat16")
     block = model.get_layer("block0_tokens")

@@ -29,7 +29,7 @@ def _train(data, work_dir, **overrides):
         checkpoint_every_steps=0,
         precision="float32",
         dropout_rate=0.0,
-        hidden_units=(32, 32),
+        models={"tabular": {"hidden_units": (32, 32)}},
         deterministic_input=True,
         learning_rate_scaling="none",
     )
@@ -52,9 +52,10 @@ def _max_weight_diff(a, b) -> float:
 def test_one_replica_vs_two_same_loss_trajectory(data, tmp_path):
     one = _train(data, tmp_path / "one", per_replica_batch_size=64)
     two = _train(data, tmp_path / "two", per_replica_batch_size=32, num_logical_cpu_devices=2)
-    assert (one.num_replicas, two.num_replicas) == (1, 2)
-    assert one.strategy_name == "OneDeviceStrategy" and two.strategy_name == "MirroredStrategy"
-    assert one.global_batch_size == two.global_batch_size == 64
+    assert (one.facts.num_replicas, two.facts.num_replicas) == (1, 2)
+    assert one.facts.strategy_name == "OneDeviceStrategy"
+    assert two.facts.strategy_name == "MirroredStrategy"
+    assert one.facts.global_batch_size == two.facts.global_batch_size == 64
     l1 = [r["loss"] for r in one.history]
     l2 = [r["loss"] for r in two.history]
     # Tolerance: rel 1e-4. The two runs do the same float32 math on the same examples; only the
@@ -76,14 +77,8 @@ def text_data(tmp_path_factory):
 def test_fused_transformer_one_replica_vs_two_and_vs_unfused(text_data, tmp_path):
     """The fused XLA kernels (the training default) under MirroredStrategy: the same loss
     trajectory on 1 and 2 replicas, and the same as the plain Keras layers."""
-    transformer = dict(
-        model="transformer",
-        transformer_layers=1,
-        transformer_d_model=32,
-        transformer_heads=4,
-        transformer_ffn_dim=64,
-        hidden_units=(16,),
-    )
+    options = {"layers": 1, "d_model": 32, "heads": 4, "ffn_dim": 64, "hidden_units": (16,)}
+    transformer = dict(model="transformer", models={"transformer": options})
     one = _train(text_data, tmp_path / "one", per_replica_batch_size=32, **transformer)
     two = _train(
         text_data,
@@ -96,10 +91,10 @@ def test_fused_transformer_one_replica_vs_two_and_vs_unfused(text_data, tmp_path
         text_data,
         tmp_path / "plain",
         per_replica_batch_size=32,
-        fused_kernels=False,
-        **transformer,
+        model="transformer",
+        models={"transformer": {**options, "fused_kernels": False}},
     )
-    assert two.strategy_name == "MirroredStrategy" and two.num_replicas == 2
+    assert two.facts.strategy_name == "MirroredStrategy" and two.facts.num_replicas == 2
     l1, l2, lp = ([r["loss"] for r in run.history] for run in (one, two, plain))
     np.testing.assert_allclose(l2, l1, rtol=1e-4)
     np.testing.assert_allclose(lp, l1, rtol=1e-4)
@@ -126,8 +121,8 @@ def test_gradient_accumulation_equals_big_batch(data, tmp_path, accumulated):
     common = dict(optimizer="sgd", learning_rate=0.05, train_steps=3, steps_per_loop=3)
     big = _train(data, tmp_path / "big", per_replica_batch_size=64, **common)
     acc = _train(data, tmp_path / "acc", **accumulated, **common)
-    assert big.global_batch_size == acc.global_batch_size == 64
-    assert acc.gradient_accumulation_steps == accumulated["gradient_accumulation_steps"]
+    assert big.facts.global_batch_size == acc.facts.global_batch_size == 64
+    assert acc.facts.gradient_accumulation_steps == accumulated["gradient_accumulation_steps"]
     # Tolerance: 1e-5 absolute on weights of size ~0.1: float32 summation-order differences
     # only (k partial means vs one mean). A wrong scale would differ by ~lr*|g| ~ 1e-2.
     assert _max_weight_diff(big, acc) < 1e-5

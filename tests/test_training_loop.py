@@ -56,7 +56,7 @@ def _run(dataset, work_dir, hooks=(), **overrides):
         steps_per_loop=10,
         checkpoint_every_steps=20,
         learning_rate=5e-3,
-        hidden_units=(32,),
+        models={"tabular": {"hidden_units": (32,)}},
         precision="float32",
     )
     base.update(overrides)
@@ -84,7 +84,7 @@ def _loss_fell(result, factor=0.9):
 )
 def test_tabular_model_learns(tabular, tmp_path, mode):
     result = _run(tabular, tmp_path, **mode)
-    assert result.model_kind == "tabular"
+    assert result.facts.model_kind == "tabular"
     assert result.steps_completed == 40
     _loss_fell(result)
     assert result.eval_metrics["examples"] == 128
@@ -98,13 +98,10 @@ def test_transformer_model_learns(text, tmp_path):
         text,
         tmp_path,
         learning_rate=3e-3,
-        transformer_layers=1,
-        transformer_d_model=32,
-        transformer_heads=2,
-        transformer_ffn_dim=64,
+        models={"transformer": {"layers": 1, "d_model": 32, "heads": 2, "ffn_dim": 64}},
         dropout_rate=0.0,
     )
-    assert result.model_kind == "transformer"
+    assert result.facts.model_kind == "transformer"
     _loss_fell(result, factor=0.8)
     assert result.eval_metrics["accuracy"] > 0.6
     # The serving twin answers the raw transformed features with float32 probabilities.
@@ -122,7 +119,7 @@ def test_transformer_model_learns(text, tmp_path):
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16", "mixed_float16"])
 def test_each_precision_policy_learns(tabular, tmp_path, precision):
     result = _run(tabular, tmp_path, precision=precision)
-    assert result.precision_policy == precision
+    assert result.facts.precision_policy == precision
     _loss_fell(result)
     scales = [r["loss_scale"] for r in result.history]
     if precision == "mixed_float16":
@@ -172,8 +169,8 @@ def test_hooks_summaries_profile_and_checkpoints(tabular, tmp_path):
     calls = []
 
     class Recorder(TrainingHook):
-        def on_train_begin(self, info):
-            calls.append(("begin", info["start_step"], info["global_batch_size"]))
+        def on_train_begin(self, facts):
+            calls.append(("begin", facts.start_step, facts.global_batch_size))
 
         def on_loop_end(self, step, metrics):
             calls.append(("loop", step, sorted(metrics)))
@@ -218,7 +215,7 @@ def test_hooks_summaries_profile_and_checkpoints(tabular, tmp_path):
     } <= set(calls[1][2])
     # Warm-up: 5 updates done at the first record -> lr = peak * 6/10 for the next update.
     peak = 5e-3 * 32 / 64
-    assert result.learning_rate == pytest.approx(peak)
+    assert result.facts.learning_rate == pytest.approx(peak)
     assert result.history[0]["learning_rate"] == pytest.approx(peak * 6 / 10, rel=1e-5)
     assert result.history[-1]["learning_rate"] == pytest.approx(peak, rel=1e-5)
 
@@ -242,7 +239,7 @@ def test_hooks_summaries_profile_and_checkpoints(tabular, tmp_path):
 
     # Rerunning on the finished work_dir restores step 40 and trains no further.
     again = _run(tabular, tmp_path, steps_per_loop=15, checkpoint_every_steps=20)
-    assert again.start_step == 40 and again.steps_completed == 40 and again.history == ()
+    assert again.facts.start_step == 40 and again.steps_completed == 40 and again.history == ()
     for a, b in zip(again.model.get_weights(), result.model.get_weights(), strict=True):
         np.testing.assert_array_equal(a, b)
 
@@ -282,7 +279,7 @@ def _wait_fraction(dataset, steps=8):
     inputs = tabular_inputs()
     # A step of a few ms (not a toy 0.3 ms one), so get_next's fixed cost of ~0.1-0.2 ms on a
     # prefetched iterator is small next to it, as it is in real training.
-    config = TrainingConfig(hidden_units=(512, 512), precision="float32")
+    config = TrainingConfig(models={"tabular": {"hidden_units": (512, 512)}}, precision="float32")
     strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
     with strategy.scope():
         model = build_model(inputs, config)

@@ -36,7 +36,7 @@ def test_two_workers_stay_in_sync_and_only_chief_exports(tmp_path):
         "checkpoint_every_steps": 10,
         "precision": "float32",
         "dropout_rate": 0.0,
-        "hidden_units": [16],
+        "models": {"tabular": {"hidden_units": [16]}},
         "deterministic_input": True,
     }
     ports = free_ports(2)

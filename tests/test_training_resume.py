@@ -33,7 +33,7 @@ def _spec(tmp_path, data, name, **extra):
             "checkpoint_every_steps": 10,
             "precision": "float32",
             "warmup_steps": 20,  # the LR schedule position must survive the restart too
-            "hidden_units": [16],
+            "models": {"tabular": {"hidden_units": [16]}},
             "dropout_rate": 0.1,  # dropout RNG state is restored as well
             "deterministic": True,
         },

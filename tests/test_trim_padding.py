@@ -1,5 +1,6 @@
-"""Trimming padding (``training.trim_padding``): each batch's text is cut after its longest
-text, and the model's outputs and gradients are those of the full-length batch."""
+"""Trimming padding (``training.models.transformer.trim_padding``): each batch's text is cut
+after its longest text, and the model's outputs and gradients are those of the full-length
+batch."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import tensorflow as tf
 
 from tests.training_data import SMALL_TRANSFORMER
 from trainer_module.training import ModelInputs, build_model
-from trainer_module.training.models import TrimPadding, training_model_options
+from trainer_module.training.models.transformer import TrimPadding
 
 SEQ = 64
 INPUTS = ModelInputs(numeric=("x0",), text={"tokens": (50, SEQ)}, label="label", num_classes=3)
@@ -47,8 +48,13 @@ def test_trim_cuts_after_the_longest_text_rounded_up_to_the_multiple():
 @pytest.mark.parametrize("fused", [False, True])
 def test_trimmed_model_gives_the_full_length_outputs_and_gradients(fused):
     keras.utils.set_random_seed(3)
-    full = build_model(INPUTS, CONFIG, "float32", fused=fused)
-    trimmed = build_model(INPUTS, CONFIG, "float32", fused=fused, trim_padding=True)
+
+    def graph(trim):
+        options = dict(fused_kernels=fused, trim_padding=trim)
+        config = CONFIG.with_model_options("transformer", **options)
+        return build_model(INPUTS, config, "float32", training=True)
+
+    full, trimmed = graph(trim=False), graph(trim=True)
     trimmed.set_weights(full.get_weights())
     assert [type(layer).__name__ for layer in trimmed.layers].count("TrimPadding") == 1
     features = {
@@ -79,9 +85,12 @@ def test_trimmed_model_gives_the_full_length_outputs_and_gradients(fused):
     np.testing.assert_array_equal(tf.convert_to_tensor(g_trim[positions[0]]).numpy()[32:], 0.0)
 
 
-def test_trimming_is_off_under_jit_compile_and_when_configured_off():
-    assert training_model_options(CONFIG) == {"fused": True, "trim_padding": True}
-    jit = dataclasses.replace(CONFIG, jit_compile=True)
-    assert training_model_options(jit)["trim_padding"] is False
-    off = dataclasses.replace(CONFIG, trim_padding=False)
-    assert training_model_options(off)["trim_padding"] is False
+def test_only_the_training_graph_trims_and_not_under_jit_compile_or_when_configured_off():
+    def trims(config, training=True):
+        model = build_model(INPUTS, config, "float32", training=training)
+        return any(isinstance(layer, TrimPadding) for layer in model.layers)
+
+    assert trims(CONFIG)  # the default
+    assert not trims(CONFIG, training=False)  # the serving twin keeps the full length
+    assert not trims(dataclasses.replace(CONFIG, jit_compile=True))
+    assert not trims(CONFIG.with_model_options("transformer", trim_padding=False))

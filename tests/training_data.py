@@ -40,11 +40,15 @@ def text_inputs() -> ModelInputs:
 # A small 2-layer Transformer for tests that compare models on the same weights.
 SMALL_TRANSFORMER = TrainingConfig(
     model="transformer",
-    transformer_layers=2,
-    transformer_d_model=32,
-    transformer_heads=4,
-    transformer_ffn_dim=64,
-    hidden_units=(16,),
+    models={
+        "transformer": {
+            "layers": 2,
+            "d_model": 32,
+            "heads": 4,
+            "ffn_dim": 64,
+            "hidden_units": (16,),
+        }
+    },
     dropout_rate=0.0,
 )
 

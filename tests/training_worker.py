@@ -42,9 +42,8 @@ def main(spec_path: str) -> None:
     with open(spec_path) as f:
         spec = json.load(f)
     cfg = dict(spec["config"])
-    for key in ("hidden_units", "profile_steps"):
-        if cfg.get(key) is not None:
-            cfg[key] = tuple(cfg[key])
+    if cfg.get("profile_steps") is not None:
+        cfg["profile_steps"] = tuple(cfg["profile_steps"])
     config = TrainingConfig(**cfg)
     inputs = text_inputs() if spec.get("model") == "text" else tabular_inputs()
     data = spec["data_dir"]
@@ -68,12 +67,12 @@ def main(spec_path: str) -> None:
         "pid": os.getpid(),
         "is_chief": result.is_chief,
         "steps_completed": result.steps_completed,
-        "start_step": result.start_step,
+        "start_step": result.facts.start_step,
         "final_loss": result.final_loss,
         "eval_metrics": result.eval_metrics,
-        "num_replicas": result.num_replicas,
-        "num_workers": result.num_workers,
-        "strategy_name": result.strategy_name,
+        "num_replicas": result.facts.num_replicas,
+        "num_workers": result.facts.num_workers,
+        "strategy_name": result.facts.strategy_name,
         "serving_model_is_none": result.serving_model is None,
         "exported": exported,
         "weights": weights_path,

@@ -8,7 +8,6 @@ logs.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
@@ -22,9 +21,7 @@ from fullthrottle.core.features import LABEL_VOCAB, NUM_OOV_BUCKETS, transformed
 from fullthrottle.progress import TrainerProgress
 from fullthrottle.tracking import trainer_hooks
 from serving.signatures import export_serving_model
-from trainer_module.training import ModelInputs, TrainingConfig, train
-
-SUMMARY_FILE = "training_summary.json"
+from trainer_module.training import SUMMARY_FILE, ModelInputs, TrainingConfig, train
 
 
 def model_inputs_from(spec: Any, tft_output: tft.TFTransformOutput) -> ModelInputs:
@@ -116,8 +113,7 @@ def run_fn(fn_args: Any) -> None:
         source = os.path.join(work_dir, name)
         if tf.io.gfile.isdir(source):
             _copy_tree(source, os.path.join(fn_args.model_run_dir, name))
-    summary = summarize(result)
-    summary["work_dir"] = work_dir
+    summary = result.summary()
     # The step-time advisor: input wait vs compute, and what to change.
     from trainer_module.training.advisor import advise_result, format_advice
 
@@ -158,22 +154,3 @@ def _copy_tree(source: str, target: str) -> None:
             tf.io.gfile.copy(
                 os.path.join(directory, name), os.path.join(destination, name), overwrite=True
             )
-
-
-def summarize(result: Any) -> dict[str, Any]:
-    """The JSON-safe part of a `TrainResult` (everything but the models)."""
-    summary = {}
-    for field in dataclasses.fields(result):
-        if field.name in ("serving_model", "model"):
-            continue
-        summary[field.name] = getattr(result, field.name)
-    return json.loads(json.dumps(summary, default=_json_default))
-
-
-def _json_default(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return str(value)

@@ -112,6 +112,7 @@ class Sizes:
     serving_requests: int = 1000
     serving_concurrency: int = 8
     pipeline_train_steps: int | None = None  # None = the config's default (what `make run` does)
+    # Options of the Transformer benchmark's model (`training.models.transformer`), e.g. d_model.
     transformer_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -149,23 +150,15 @@ QUICK = Sizes(
 
 
 def machine() -> dict[str, Any]:
-    from trainer_module.training.advisor import device_facts
-
-    model = ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), ""
-            )
-    except OSError:
-        pass
     import tensorflow as tf
+
+    from trainer_module.training.hardware import cpu_info, device_facts, tensorflow_gpus
 
     facts = device_facts()
     return {
-        "cpu": model,
+        "cpu": cpu_info().model or "",
         **facts.describe(),
-        "gpus": [d.name for d in tf.config.list_physical_devices("GPU")],
+        "gpus": [gpu.name for gpu in tensorflow_gpus()],
         "python": platform.python_version(),
         "tensorflow": tf.__version__,
         "platform": platform.platform(),
@@ -228,7 +221,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         training_flops_per_example,
         trimmed_lengths,
     )
-    from trainer_module.training import training_model_options
+    from trainer_module.training.models.transformer import trims_padding
 
     started = time.perf_counter()
     ours = OurLoop(data, config)
@@ -259,20 +252,22 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         "tfx_example": lambda: baseline.measure(baseline_window),
     }
     # The fused-kernel lever, side by side: the same loop with the Transformer's plain Keras
-    # layers (training.fused_kernels=False). The tabular model has nothing to fuse.
-    fusable = config.resolved_model(data.model_inputs) == "transformer" and config.fused_kernels
-    fusable = fusable and sizes.fused_vs_unfused
+    # layers (training.models.transformer.fused_kernels=False). The tabular model has nothing
+    # to fuse.
+    kind = config.resolved_model(data.model_inputs)
+    options = config.model_options(kind)
+    fusable = kind == "transformer" and options.fused_kernels and sizes.fused_vs_unfused
     if fusable:
-        unfused = OurLoop(data, dataclasses.replace(config, fused_kernels=False))
+        unfused = OurLoop(data, config.with_model_options(kind, fused_kernels=False))
         unfused.measure(warm)
         contenders["ours_unfused"] = lambda: unfused.measure(window)
     # Trimming padding, side by side: the same loop computing on every position
-    # (training.trim_padding=False). It is also the loop whose MFU is reported: the FLOP count
-    # per example is for the full sequence, which only the untrimmed loop computes.
-    trims = training_model_options(config)["trim_padding"] and bool(data.model_inputs.text)
-    trims = trims and config.resolved_model(data.model_inputs) == "transformer"
+    # (training.models.transformer.trim_padding=False). It is also the loop whose MFU is
+    # reported: the FLOP count per example is for the full sequence, which only the untrimmed
+    # loop computes.
+    trims = kind == "transformer" and trims_padding(options, config)
     if trims:
-        untrimmed = OurLoop(data, dataclasses.replace(config, trim_padding=False))
+        untrimmed = OurLoop(data, config.with_model_options(kind, trim_padding=False))
         untrimmed.measure(warm)
         contenders["ours_untrimmed"] = lambda: untrimmed.measure(window)
     # The matmul ceiling in ours' compute dtype is a contender too: each repetition's MFU
@@ -313,7 +308,8 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         eps * flops["training"] / peak
         for eps, peak in zip(samples[mfu_contender], samples["matmul_ceiling"], strict=True)
     ]
-    from trainer_module.training.advisor import advise, device_facts, measurements_from_history
+    from trainer_module.training.advisor import advise, measurements_from_history
+    from trainer_module.training.hardware import device_facts
     from trainer_module.training.inputs import resolve_cache
 
     steady = [r for r in ours.records[1:]]
@@ -323,7 +319,7 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
             global_batch_size=ours.batch.global_batch,
             precision_policy=ours.policy,
             input_cached=resolve_cache(config, data.train_files)[0],
-            model_kind=config.resolved_model(data.model_inputs),
+            model_kind=kind,
         ),
         config,
         device_facts(),
@@ -567,7 +563,9 @@ def bench_trainer(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) -> 
     )
     results["transformer_transform"] = run_transform_prefix(text_cfg)
     text = training_data_from_run(str(text_cfg.mlmd_path), TRANSFORMER_DATA, name="transformer")
-    transformer_config = dataclasses.replace(TRANSFORMER_TRAINING, **sizes.transformer_overrides)
+    transformer_config = TRANSFORMER_TRAINING.with_model_options(
+        "transformer", **sizes.transformer_overrides
+    )
     for name, data, config, window in (
         ("transformer", text, transformer_config, sizes.transformer_window_steps),
         ("tabular", tabular, TABULAR_TRAINING, sizes.tabular_window_steps),
@@ -948,14 +946,14 @@ def results_table(results: dict[str, Any], verdicts: list[dict[str, Any]]) -> st
         fv = m.get("fused_vs_unfused")
         if fv:
             rows.append(
-                f"| {model}: fused kernels on vs off (`training.fused_kernels`) | "
+                f"| {model}: fused kernels on vs off (`training.models.transformer.fused_kernels`) | "
                 f"{_fmt_rate(fv['ours'])} vs {_fmt_rate(fv['ours_unfused'])} | {_fmt_ratio(fv)} | |"
             )
         tv = m.get("trimmed_vs_untrimmed")
         if tv:
             tl = m["trimmed_length"]
             rows.append(
-                f"| {model}: trim padding on vs off (`training.trim_padding`; batches cut to "
+                f"| {model}: trim padding on vs off (`training.models.transformer.trim_padding`; batches cut to "
                 f"{tl['mean']:.0f} of {tl['full']} tokens on average) | "
                 f"{_fmt_rate(tv['ours'])} vs {_fmt_rate(tv['ours_untrimmed'])} | {_fmt_ratio(tv)} | |"
             )

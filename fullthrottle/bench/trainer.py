@@ -4,9 +4,9 @@ model FLOPs utilization, tracking overhead.
 Contenders are built once and then measured in windows (``measure(steps)`` returns examples/s),
 so a comparison alternates windows of the contenders in one process (see ``measure.py``).
 
-- :class:`OurLoop` is the training library's compiled N-step loop (``TrainLoop``) set up exactly
-  as ``train()`` sets it up (strategy, precision policy from config, model, optimizer, scaled
-  learning rate, ``make_dataset`` per input pipeline); a window is whole loops of
+- :class:`OurLoop` is the training library's compiled N-step loop (``TrainLoop``) set up by
+  ``train()``'s own ``setup.set_up`` (strategy, precision policy from config, model, optimizer,
+  scaled learning rate) with ``make_dataset`` per input pipeline; a window is whole loops of
   ``steps_per_loop`` steps with the host sync after each, like the controller. Checkpoints and
   summaries are left out here; the tracking benchmark runs the real ``train()`` and reports its
   rate too. ``source="memory"`` replaces the TFRecord pipeline by the same first batches, parsed,
@@ -29,7 +29,7 @@ from typing import Any
 import tensorflow as tf
 
 from fullthrottle.bench.workloads import TrainingData
-from trainer_module.training import TrainingConfig
+from trainer_module.training import TrainingConfig, metrics
 
 
 def tfx_dataset_factory(data: TrainingData) -> Callable[..., tf.data.Dataset]:
@@ -75,20 +75,9 @@ class OurLoop:
         dataset_transform: Callable[[tf.data.Dataset], tf.data.Dataset] | None = None,
         same_model_as: OurLoop | None = None,
     ):
-        import keras
-
-        from trainer_module.training import (
-            build_model,
-            create_optimizer,
-            create_strategy,
-            distribute_input,
-            make_dataset,
-            resolve_batch_sizes,
-            resolve_precision_policy,
-            scaled_learning_rate,
-            training_model_options,
-        )
+        from trainer_module.training import distribute_input, make_dataset
         from trainer_module.training.loop import TrainLoop
+        from trainer_module.training.setup import set_up
 
         if source not in ("tfrecord", "memory"):
             raise ValueError(f"source must be 'tfrecord' or 'memory', got {source!r}")
@@ -101,19 +90,10 @@ class OurLoop:
             self.batch, self.model = same_model_as.batch, same_model_as.model
             self.loop = same_model_as.loop
         else:
-            self.strategy = create_strategy(config)
-            keras.utils.set_random_seed(config.seed)
-            self.policy, _ = resolve_precision_policy(config)
-            self.batch = resolve_batch_sizes(config, self.strategy.num_replicas_in_sync)
-            with self.strategy.scope():
-                self.model = build_model(
-                    data.model_inputs, config, self.policy, **training_model_options(config)
-                )
-                optimizer = create_optimizer(
-                    config, scaled_learning_rate(config, self.batch.global_batch), self.policy
-                )
-                optimizer.build(self.model.trainable_variables)
-            self.loop = TrainLoop(self.strategy, self.model, optimizer, config, self.batch)
+            setup = set_up(config, data.model_inputs)
+            self.strategy, self.policy = setup.strategy, setup.policy_name
+            self.batch, self.model = setup.batch, setup.model
+            self.loop = TrainLoop(self.strategy, self.model, setup.optimizer, config, self.batch)
 
         def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
             ds = make_dataset(
@@ -153,10 +133,10 @@ class OurLoop:
         ran = int(self.loop.train_loop(self.iterator, tf.constant(steps, tf.int64)))  # host sync
         wall = time.perf_counter() - start
         record = {
-            "steps": ran,
-            "wall_time": wall,
-            "input_wait_time": float(self.loop.input_wait.numpy()),
-            "loss": float(self.loop.loss_sum.numpy()) / max(ran, 1),
+            metrics.STEPS: ran,
+            metrics.WALL_TIME: wall,
+            metrics.INPUT_WAIT_TIME: float(self.loop.input_wait.numpy()),
+            metrics.LOSS: float(self.loop.loss_sum.numpy()) / max(ran, 1),
         }
         self.records.append(record)
         return record
@@ -168,7 +148,7 @@ class OurLoop:
         start = time.perf_counter()
         done = 0
         while done < steps:
-            done += self.run_loop(min(per_loop, steps - done))["steps"]
+            done += self.run_loop(min(per_loop, steps - done))[metrics.STEPS]
         return done * self.batch.global_batch / (time.perf_counter() - start)
 
 
@@ -265,32 +245,16 @@ def reader_rates(
 
 # ---------------------------------------------------------------------------------- FLOPs
 def training_flops_per_example(data: TrainingData, config: TrainingConfig) -> dict[str, float]:
-    """Analytic matmul FLOPs per training example (2 FLOPs per multiply-add).
-
-    Counted: every dense matmul of the model as built by ``build_model``.
-      Transformer, per text column of sequence S, width d, FFN f, per layer:
-        Q, K, V and output projections 4 x 2·S·d²; scores Q·Kᵀ 2·S²·d; weights·V 2·S²·d;
-        FFN 2·S·d·f + 2·S·f·d  =>  8·S·d² + 4·S²·d + 4·S·d·f.
-      MLP: 2·w_in·w_out per Dense (hidden layers and the softmax head), w_in of the first layer
-        = numeric features + embedding_dim per categorical feature + d per text column.
-    Not counted (the usual MFU convention): embedding gathers, layer norm, softmax, GELU,
-    dropout, the optimizer update. Training = 3 x forward (the backward pass computes two
+    """Analytic matmul FLOPs per training example (2 FLOPs per multiply-add), as the model's own
+    registry entry counts them (``ModelSpec.forward_flops``: every dense matmul of the model as
+    built). Not counted (the usual MFU convention): embedding gathers, layer norm, softmax,
+    GELU, dropout, the optimizer update. Training = 3 x forward (the backward pass computes two
     matmuls per forward matmul: gradients w.r.t. inputs and weights).
     """
-    inputs = data.model_inputs
-    kind = config.resolved_model(inputs)
-    forward = 0.0
-    width = len(inputs.numeric) + config.embedding_dim * len(inputs.categorical)
-    if kind == "transformer":
-        d, f = config.transformer_d_model, config.transformer_ffn_dim
-        for _, seq_len in inputs.text.values():
-            s = seq_len
-            forward += config.transformer_layers * (8 * s * d * d + 4 * s * s * d + 4 * s * d * f)
-            width += d
-    for units in config.hidden_units:
-        forward += 2 * width * units
-        width = units
-    forward += 2 * width * inputs.num_classes
+    from trainer_module.training import MODELS
+
+    name = config.resolved_model(data.model_inputs)
+    forward = MODELS[name].forward_flops(data.model_inputs, config.model_options(name), config)
     return {"forward": forward, "training": 3 * forward}
 
 
@@ -345,7 +309,7 @@ def trimmed_lengths(data: TrainingData, config: TrainingConfig, *, batches: int)
     """Mean length of the text after ``TrimPadding`` over the first training batches (the
     first text column), and the full length: what trimming saves on this data."""
     from trainer_module.training import make_dataset
-    from trainer_module.training.models import TrimPadding
+    from trainer_module.training.models.transformer import TrimPadding
 
     name, (_, full) = next(iter(data.model_inputs.text.items()))
     ds = make_dataset(
@@ -433,7 +397,7 @@ def tracking_rates(
             span = tracking[0].cpu.span() if tracking else None
             if span is not None:
                 cpu.append(span)
-            return timer.examples_per_second(result.global_batch_size)
+            return timer.examples_per_second(result.facts.global_batch_size)
 
         return run
 
@@ -446,7 +410,7 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
     """Examples/s of the real ``train()`` (a fresh work dir each time, no eval) with periodic
     saves traced (``training.traced_checkpoint_saves``, the default) vs TF's eager save,
     alternated; plus the share of each run's training time after its first loop spent in
-    periodic saves, and which save each run reported using (`info["checkpoint_saves"]`)."""
+    periodic saves, and which save each run reported using (`RunFacts.checkpoint_saves`)."""
     from fullthrottle.bench.measure import alternate
     from fullthrottle.bench.tracked import train_tracked
     from trainer_module.training import TrainingHook
@@ -456,8 +420,8 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
 
     def contender(name: str) -> Callable[[], float]:
         class Saves(TrainingHook):
-            def on_train_begin(self, info):
-                saves[name].add(info["checkpoint_saves"])
+            def on_train_begin(self, facts):
+                saves[name].add(facts.checkpoint_saves)
 
         def run() -> float:
             timer = _LoopTimer()
@@ -467,9 +431,10 @@ def checkpoint_rates(data: TrainingData, config: TrainingConfig, *, repeats: int
                 tracking_uri=None,
             )
             timed = result.history[1:]  # the loops the timer's window covers
-            total = sum(r["wall_time"] + r["host_time"] for r in timed)
-            share[name].append(sum(r["checkpoint_time"] for r in timed) / total if total else 0.0)
-            return timer.examples_per_second(result.global_batch_size)
+            total = sum(r[metrics.WALL_TIME] + r[metrics.HOST_TIME] for r in timed)
+            saving = sum(r[metrics.CHECKPOINT_TIME] for r in timed)
+            share[name].append(saving / total if total else 0.0)
+            return timer.examples_per_second(result.facts.global_batch_size)
 
         return run
 

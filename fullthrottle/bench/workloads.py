@@ -39,10 +39,7 @@ TRANSFORMER_DATA = DataSpec(
 TRANSFORMER_TRAINING = TrainingConfig(
     model="transformer",
     per_replica_batch_size=64,
-    transformer_layers=2,
-    transformer_d_model=256,
-    transformer_heads=4,
-    transformer_ffn_dim=1024,
+    models={"transformer": {"layers": 2, "d_model": 256, "heads": 4, "ffn_dim": 1024}},
 )
 # The tabular benchmark: the defaults, i.e. what `make run` trains on the penguins data.
 TABULAR_TRAINING = TrainingConfig(model="tabular")

@@ -10,18 +10,15 @@ an error. It never builds a multi-worker strategy (that would wait for the other
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import importlib.metadata
 import json
 import os
 import platform
-import shutil
-import subprocess
 import sys
 from typing import Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from trainer_module.training import hardware
 
 PACKAGES = (
     ("tensorflow", "TensorFlow"),
@@ -33,22 +30,6 @@ PACKAGES = (
     ("tensorflow-transform", "TF Transform"),
     ("kfp", "KFP"),
 )
-# CPU flags (as /proc/cpuinfo spells them) that matter for TensorFlow's speed.
-CPU_FLAGS_OF_INTEREST = (
-    "avx",
-    "avx2",
-    "fma",
-    "avx512f",
-    "avx512_vnni",
-    "avx512_bf16",
-    "avx512_fp16",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-)
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
-# Minimum Linux driver for a CUDA major version (NVIDIA's CUDA compatibility table).
-MIN_DRIVER_FOR_CUDA = {11: (450, 80), 12: (525, 60), 13: (580, 0)}
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -83,152 +64,38 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
-
-
-def cpu_facts(cpuinfo_path: str = "/proc/cpuinfo") -> dict[str, Any]:
-    """Model, cores and the flags that matter, from /proc/cpuinfo (empty when unreadable)."""
-    text = _read(cpuinfo_path)
-    model = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in text.splitlines()
-            if line.startswith("model name")
-        ),
-        None,
-    )
-    flags: set[str] = set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        usable = os.cpu_count()
-    bf16 = [f for f in BF16_FLAGS if f in flags]
+def cpu_facts(cpuinfo_path: str = hardware.CPUINFO) -> dict[str, Any]:
+    """Model, cores and the flags that matter (empty when /proc/cpuinfo is unreadable)."""
+    cpu = hardware.cpu_info(cpuinfo_path)
     return {
-        "model": model,
-        "logical_cores": os.cpu_count(),
-        "usable_cores": usable,
-        "flags": {flag: flag in flags for flag in CPU_FLAGS_OF_INTEREST},
-        "cpuinfo_readable": bool(text),
-        "native_bf16": bool(bf16),
-        "native_bf16_flags": bf16,
-        "amx": "amx_tile" in flags,
+        "model": cpu.model,
+        "logical_cores": cpu.logical_cores,
+        "usable_cores": cpu.usable_cores,
+        "flags": {flag: flag in cpu.flags for flag in hardware.CPU_FLAGS_OF_INTEREST},
+        "cpuinfo_readable": cpu.readable,
+        "native_bf16": cpu.native_bf16,
+        "native_bf16_flags": list(cpu.native_bf16_flags),
+        "amx": cpu.amx,
     }
 
 
 def memory_gib() -> float | None:
-    for line in _read("/proc/meminfo").splitlines():
-        if line.startswith("MemTotal:"):
-            return round(int(line.split()[1]) / 1024**2, 1)
-    return None
-
-
-def _nvidia_smi(*args: str) -> str | None:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        done = subprocess.run([exe, *args], capture_output=True, text=True, timeout=20, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def smi_gpus() -> list[dict[str, Any]]:
-    """GPUs as the driver sees them (nvidia-smi), whether or not TensorFlow can use them."""
-    out = _nvidia_smi(
-        "--query-gpu=index,name,memory.total,driver_version,compute_cap",
-        "--format=csv,noheader,nounits",
-    )
-    gpus = []
-    for line in (out or "").splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) >= 5:
-            gpus.append(
-                {
-                    "index": parts[0],
-                    "name": parts[1],
-                    "memory_mib": int(parts[2]) if parts[2].isdigit() else None,
-                    "driver": parts[3],
-                    "compute_capability": parts[4],
-                }
-            )
-    return gpus
-
-
-def interconnect(gpu_count: int) -> dict[str, Any] | None:
-    """NVLink or PCIe between GPUs, from `nvidia-smi topo -m` (only asked with several GPUs)."""
-    if gpu_count < 2:
-        return None
-    out = _nvidia_smi("topo", "-m")
-    if out is None:
-        return {"kind": "unknown", "detail": "nvidia-smi topo -m is not available"}
-    rows = [line.split() for line in out.splitlines() if line.startswith("GPU")]
-    links = {cell for row in rows for cell in row[1 : gpu_count + 1] if cell != "X"}
-    nvlink = sorted(cell for cell in links if cell.startswith("NV"))
-    if nvlink:
-        return {"kind": "NVLink", "detail": f"links {', '.join(nvlink)} between GPUs"}
-    return {"kind": "PCIe", "detail": f"paths {', '.join(sorted(links)) or '?'} (no NVLink)"}
-
-
-def nccl_facts() -> dict[str, Any]:
-    """NCCL's version when its library loads (pip's nvidia-nccl-cu* or a system copy)."""
-    candidates = []
-    for dist in ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11"):
-        try:
-            files = importlib.metadata.files(dist) or []
-        except importlib.metadata.PackageNotFoundError:
-            continue
-        candidates += [str(f.locate()) for f in files if f.name.startswith("libnccl.so")]
-    system = ctypes.util.find_library("nccl")
-    if system:
-        candidates.append(system)
-    for path in candidates:
-        try:
-            library = ctypes.CDLL(path)
-            version = ctypes.c_int()
-            if library.ncclGetVersion(ctypes.byref(version)) == 0:
-                code = version.value  # major*10000 + minor*100 + patch (NCCL >= 2.9)
-                return {
-                    "available": True,
-                    "version": f"{code // 10000}.{code % 10000 // 100}.{code % 100}",
-                    "path": path,
-                }
-        except (OSError, AttributeError):
-            continue
-    return {"available": False, "version": None, "path": None}
+    memory = hardware.physical_memory_bytes()
+    return round(memory / 1024**3, 1) if memory else None
 
 
 def tensorflow_facts() -> dict[str, Any]:
-    import tensorflow as tf
-
-    build = dict(tf.sysconfig.get_build_info())
-    gpus = []
-    for device in tf.config.list_physical_devices("GPU"):
-        details = tf.config.experimental.get_device_details(device)
-        capability = details.get("compute_capability")
-        gpus.append(
-            {
-                "name": device.name,
-                "device_name": details.get("device_name"),
-                "compute_capability": ".".join(map(str, capability)) if capability else None,
-            }
-        )
-    return {
-        "is_cuda_build": bool(build.get("is_cuda_build")),
-        "cuda_version": build.get("cuda_version"),
-        "cudnn_version": build.get("cudnn_version"),
-        "cuda_compute_capabilities": list(build.get("cuda_compute_capabilities") or []),
-        "gpus": gpus,
-    }
+    gpus = [
+        {
+            "name": gpu.name,
+            "device_name": gpu.device_name,
+            "compute_capability": ".".join(map(str, gpu.compute_capability))
+            if gpu.compute_capability
+            else None,
+        }
+        for gpu in hardware.tensorflow_gpus()
+    ]
+    return {**hardware.tensorflow_build(), "gpus": gpus}
 
 
 def auto_choices(config: Any) -> dict[str, Any]:
@@ -266,20 +133,6 @@ def auto_choices(config: Any) -> dict[str, Any]:
     }
 
 
-def _driver_too_old(driver: str, cuda_version: str | None) -> str | None:
-    if not cuda_version:
-        return None
-    try:
-        major = int(cuda_version.split(".")[0])
-        have = tuple(int(x) for x in driver.split(".")[:2])
-    except ValueError:
-        return None
-    need = MIN_DRIVER_FOR_CUDA.get(major)
-    if need and have < need:
-        return f"{need[0]}.{need[1]}"
-    return None
-
-
 def warnings_for(report: dict[str, Any]) -> list[str]:
     """Known pitfalls, each with what to do."""
     found = []
@@ -294,7 +147,7 @@ def warnings_for(report: dict[str, Any]) -> list[str]:
             f"nvidia-smi sees {len(smi)} GPU(s) but TensorFlow sees none: {why}; training runs on the CPU"
         )
     for gpu in smi:
-        need = _driver_too_old(gpu["driver"], tf_facts["cuda_version"])
+        need = hardware.driver_too_old(gpu["driver"], tf_facts["cuda_version"])
         if need:
             found.append(
                 f"GPU {gpu['index']} driver {gpu['driver']} is older than {need}, the minimum for CUDA "
@@ -329,7 +182,7 @@ def warnings_for(report: dict[str, Any]) -> list[str]:
 def collect(config: Any) -> dict[str, Any]:
     cpu = cpu_facts()
     tf_facts = tensorflow_facts()
-    smi = smi_gpus()
+    smi = hardware.smi_gpus()
     report = {
         "versions": {
             "Python": platform.python_version(),
@@ -340,8 +193,8 @@ def collect(config: Any) -> dict[str, Any]:
         "memory_gib": memory_gib(),
         "tensorflow": tf_facts,
         "nvidia_smi_gpus": smi,
-        "interconnect": interconnect(max(len(smi), len(tf_facts["gpus"]))),
-        "nccl": nccl_facts(),
+        "interconnect": hardware.interconnect(max(len(smi), len(tf_facts["gpus"]))),
+        "nccl": hardware.nccl(),
         "memory_growth": {
             "TF_FORCE_GPU_ALLOW_GROWTH": os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"),
             "trainer_enables_growth": True,

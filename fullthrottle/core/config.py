@@ -539,7 +539,7 @@ def _sentence(path: str, errors: list[tuple[Any, type | None, str]]) -> str:
     cause = context.get("error")
     if isinstance(cause, ConfigError):  # from a `__post_init__`: a complete statement
         if cause.field:
-            return f"`{'.'.join(filter(None, (path, cause.field)))}` {cause.message}"
+            return cause.text(".".join(filter(None, (path, cause.field))))
         return f"in `{path}`: {cause}" if path else str(cause)
     # A union refuses the value once per member: "must be true or false or a string".
     expected = dict.fromkeys(_EXPECTED[e["type"]] for e, _, _ in errors if e["type"] in _EXPECTED)

@@ -43,31 +43,11 @@ from mlflow.entities import Metric, Param, RunTag
 from fullthrottle.core.redact import redact_value
 from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.store import TrainerLink
-from trainer_module.training import TrainingHook
+from trainer_module.training import RunFacts, TrainingHook, metrics
 
 _log = logging.getLogger("fullthrottle.tracking")
 
 JOURNAL = "mlflow_journal.jsonl"
-LOOP_METRICS = (
-    "loss",
-    "learning_rate",
-    "examples_per_second",
-    "input_wait_fraction",
-    "loss_scale",
-    "step_time",
-)
-DERIVED_PARAMS = (
-    ("num_replicas", "num_replicas"),
-    ("num_workers", "num_workers"),
-    ("global_batch_size", "global_batch_size"),
-    ("per_replica_batch_size", "per_replica_batch_size"),
-    ("gradient_accumulation_steps", "gradient_accumulation_steps"),
-    ("precision_policy", "precision_policy"),
-    ("scaled_learning_rate", "learning_rate"),
-    ("strategy", "strategy_name"),
-    ("model", "model"),
-    ("parameters", "parameters"),
-)
 COMPONENT_TAG = "fullthrottle.component"
 TRAINING_KEY_TAG = "fullthrottle.training_key"
 
@@ -184,8 +164,8 @@ def _metrics_of(record: dict[str, Any]) -> list[Metric]:
 
 
 # How loops combine into one point (see the module docstring); other keys keep the last value.
-_STEP_WEIGHTED = ("loss",)
-_TIME_WEIGHTED = ("examples_per_second", "input_wait_fraction")
+_STEP_WEIGHTED = (metrics.LOSS,)
+_TIME_WEIGHTED = (metrics.EXAMPLES_PER_SECOND, metrics.INPUT_WAIT_FRACTION)
 
 
 def aggregate_loops(loops: list[dict[str, Any]]) -> dict[str, Any]:
@@ -205,7 +185,7 @@ def aggregate_loops(loops: list[dict[str, Any]]) -> dict[str, Any]:
             values[key] = sum(r["values"][key] * r["wall_time"] for r in having) / sum(
                 r["wall_time"] for r in having
             )
-        elif key == "step_time" and steps > 0 and len(having) == len(loops):
+        elif key == metrics.STEP_TIME and steps > 0 and len(having) == len(loops):
             values[key] = wall / steps
         else:
             values[key] = last["values"][key]
@@ -315,9 +295,9 @@ class MlflowTrainingHook(TrainingHook):
         self.cpu = CpuMeter()  # tracking's own CPU time (see `CpuMeter`)
 
     # --- TrainingHook ---------------------------------------------------------------------
-    def on_train_begin(self, info: dict[str, Any]) -> None:
-        work_dir = str(info["work_dir"])
-        start_step = int(info.get("start_step", 0))
+    def on_train_begin(self, facts: RunFacts) -> None:
+        work_dir = facts.work_dir
+        start_step = facts.start_step
         self._step = start_step
         os.makedirs(work_dir, exist_ok=True)
         self.journal = Journal(os.path.join(work_dir, JOURNAL))
@@ -344,7 +324,7 @@ class MlflowTrainingHook(TrainingHook):
             )
             if start_step > 0:
                 self._resend_missing(points)
-            self._log_derived(info)
+            self._log_derived(facts)
             if self.link.system_metrics_interval_seconds > 0:
                 self._sampler = SystemSampler(
                     sender=self.sender,
@@ -356,13 +336,13 @@ class MlflowTrainingHook(TrainingHook):
                 self._sampler.start()
         self._write_status()
 
-    def on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
+    def on_loop_end(self, step: int, record: dict[str, Any]) -> None:
         with self.cpu.measuring("hook"):
-            self._on_loop_end(step, metrics)
+            self._on_loop_end(step, record)
         self.cpu.mark_loop_end()
 
-    def _on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
-        values = {k: float(metrics[k]) for k in LOOP_METRICS if metrics.get(k) is not None}
+    def _on_loop_end(self, step: int, record: dict[str, Any]) -> None:
+        values = {k: float(record[k]) for k in metrics.LOOP_SCALARS if record.get(k) is not None}
         self._step = int(step)
         if self._resolution <= 0:  # every loop is a point
             self._add_point(
@@ -374,8 +354,8 @@ class MlflowTrainingHook(TrainingHook):
             "step": int(step),
             "timestamp": _now_ms(),
             "values": values,
-            "steps": int(metrics.get("steps") or 0),
-            "wall_time": float(metrics.get("wall_time") or 0.0),
+            "steps": int(record.get(metrics.STEPS) or 0),
+            "wall_time": float(record.get(metrics.WALL_TIME) or 0.0),
         }
         if self.journal is not None:
             self.journal.append(loop)
@@ -407,27 +387,15 @@ class MlflowTrainingHook(TrainingHook):
         if self.run_id is not None and self.sender is not None:
             timestamp, step = _now_ms(), int(result.steps_completed)
             final = [
-                Metric(key=f"eval_{k}", value=float(v), timestamp=timestamp, step=step)
+                Metric(metrics.eval_metric_name(k), float(v), timestamp, step)
                 for k, v in (result.eval_metrics or {}).items()
             ]
-            final.append(
-                Metric(
-                    "mean_examples_per_second", float(result.examples_per_second), timestamp, step
-                )
-            )
-            final.append(
-                Metric(
-                    "mean_input_wait_fraction", float(result.input_wait_fraction), timestamp, step
-                )
-            )
-            final.append(
-                Metric(
-                    "loss_scale_skipped_steps",
-                    float(result.loss_scale_skipped_steps),
-                    timestamp,
-                    step,
-                )
-            )
+            for name, value in (
+                (metrics.MEAN_EXAMPLES_PER_SECOND, result.examples_per_second),
+                (metrics.MEAN_INPUT_WAIT_FRACTION, result.input_wait_fraction),
+                (metrics.LOSS_SCALE_SKIPPED_STEPS, result.loss_scale_skipped_steps),
+            ):
+                final.append(Metric(name, float(value), timestamp, step))
             span = self.cpu.span()
             if span is not None:  # what tracking itself cost while training (see CpuMeter)
                 final.append(
@@ -521,17 +489,16 @@ class MlflowTrainingHook(TrainingHook):
             _log.info("re-sending %d metric points journaled before the restart", len(missing))
         self.sender.send(self.run_id, missing)
 
-    def _log_derived(self, info: dict[str, Any]) -> None:
+    def _log_derived(self, facts: RunFacts) -> None:
         params = [
-            Param(name, str(redact_value(name, info[source])))
-            for name, source in DERIVED_PARAMS
-            if source in info
+            Param(name, str(redact_value(name, value)))
+            for name, value in facts.derived_params().items()
         ]
         tags = [
-            RunTag("fullthrottle.strategy", str(info.get("strategy_name"))),
-            RunTag("fullthrottle.precision_policy", str(info.get("precision_policy"))),
-            RunTag("fullthrottle.precision_reason", str(info.get("precision_reason", ""))[:5000]),
-            RunTag("fullthrottle.start_step", str(info.get("start_step", 0))),
+            RunTag("fullthrottle.strategy", facts.strategy_name),
+            RunTag("fullthrottle.precision_policy", facts.precision_policy),
+            RunTag("fullthrottle.precision_reason", facts.precision_reason[:5000]),
+            RunTag("fullthrottle.start_step", str(facts.start_step)),
         ]
         client = self.channel.client
         assert self.run_id is not None
@@ -545,7 +512,7 @@ class MlflowTrainingHook(TrainingHook):
             client.log_batch,
             self.link.parent_run_id,
             params=parent_params,
-            tags=[RunTag("fullthrottle.strategy", str(info.get("strategy_name")))],
+            tags=[RunTag("fullthrottle.strategy", facts.strategy_name)],
         )
 
     def _write_status(self) -> None:

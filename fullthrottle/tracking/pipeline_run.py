@@ -43,6 +43,8 @@ from fullthrottle.tracking.store import (
     prepare_store,
     resolve_destination,
 )
+from trainer_module.training import metrics as training_metrics
+from trainer_module.training.results import derived_params
 
 if TYPE_CHECKING:
     from fullthrottle.outcome import RunOutcome
@@ -362,33 +364,27 @@ class PipelineTracker:
             tags[f"fullthrottle.execution_id.{name}"] = str(comp.execution_id)
             tags[f"fullthrottle.state.{name}"] = comp.state
         training = summary.get("training") or {}
-        step = int(training.get("steps_completed") or 0)
+        step = int(training.get(training_metrics.STEPS_COMPLETED) or 0)
         now = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
         values: dict[str, float] = {
             f"eval.{k}": v for k, v in (summary.get("eval_metrics") or {}).items()
         }
-        for key in ("final_loss", "examples_per_second", "input_wait_fraction", "steps_completed"):
+        for key in training_metrics.SUMMARY_METRICS:
             if training.get(key) is not None:
                 values[f"train.{key}"] = float(training[key])
         for key, value in (training.get("eval_metrics") or {}).items():
-            values[f"train.eval_{key}"] = float(value)
+            values[f"train.{training_metrics.eval_metric_name(key)}"] = float(value)
         values.update(_split_counts(components))
         for name, comp in summary.get("components", {}).items():
             values[f"seconds.{name}"] = float(comp.get("seconds", 0.0))
         metrics = [Metric(k, float(v), now, step) for k, v in values.items()]
-        params = []
-        if training:
-            # Derived training values; the Trainer's hook logs the same when it ran in this
-            # attempt, and identical params may be logged twice.
-            for name, source in (
-                ("num_replicas", "num_replicas"),
-                ("global_batch_size", "global_batch_size"),
-                ("precision_policy", "precision_policy"),
-                ("scaled_learning_rate", "learning_rate"),
-                ("strategy", "strategy_name"),
-            ):
-                if training.get(source) is not None:
-                    params.append(Param(f"derived.{name}", str(training[source])))
+        # Derived training values; the Trainer's hook logs the same when it ran in this attempt,
+        # and identical params may be logged twice.
+        params = [
+            Param(f"derived.{name}", str(redact_value(name, value)))
+            for name, value in derived_params(training).items()
+            if value is not None
+        ]
         self.channel.ok(
             "log the run's outcome",
             client.log_batch,

@@ -7,7 +7,8 @@ that names our config fields. The host's work between the loops (metric reads, s
 hooks, periodic checkpoints) is measured too; checkpoints taking >= 5% of the training time (and
 >= 1 s over the run) get a cadence that brings them to ~2%, with the steps a killed run would
 then train again. :func:`advise` is a pure function of the measurements, the config and the
-device facts; :func:`device_facts` is the only part that looks at the machine.
+device facts; :func:`advise_result` asks ``hardware.device_facts`` about this machine unless
+told.
 
 Refuses to advise what the device cannot use: no ``mixed_bfloat16`` on a CPU without
 AVX512_BF16/AMX-BF16, no ``mixed_float16`` without a GPU of compute capability >= 7.0 (never on
@@ -17,12 +18,15 @@ a CPU), no XLA with bf16 on a CPU (measured slower than bf16 alone on the projec
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainer_module.training import metrics
 from trainer_module.training.config import TrainingConfig
+from trainer_module.training.hardware import DeviceFacts, device_facts
+from trainer_module.training.models import MODELS
+from trainer_module.training.results import TrainResult
 
 # TensorFlow profiler's input-pipeline analyser uses the same bands.
 MODERATE_INPUT_WAIT = 0.05
@@ -37,8 +41,8 @@ SMALL_STEP_SECONDS = 0.005
 SMALL_LOOP_STEPS = 200
 # Periodic checkpoints are advised against when they take at least this share of the training
 # time (loops + the host's work between them), and the suggested cadence brings them to about
-# CHECKPOINT_TARGET_SHARE. Measured 2026-11-30: the default (every 100 steps) took 29% of a
-# tabular run's time on 2 CPU cores (12.5 ms per save against 0.3 ms steps).
+# CHECKPOINT_TARGET_SHARE. Measured on 2 CPU cores: the default (every 100 steps) took 29% of a
+# tabular run's time (12.5 ms per save against 0.3 ms steps).
 CHECKPOINT_SHARE = 0.05
 CHECKPOINT_TARGET_SHARE = 0.02
 # ... and only when they add up to at least this much over the whole run (train_steps at the
@@ -46,52 +50,11 @@ CHECKPOINT_TARGET_SHARE = 0.02
 # not worth giving up a checkpoint for.
 CHECKPOINT_MIN_SECONDS = 1.0
 # A per-step input wait this short, from input served out of the in-memory cache, is tf.data
-# getting one batch to the loop, not the pipeline working: measured 2026-12-01 on 2 CPU cores
-# with in-memory batches, get_next waited 0.03 ms between idle calls and 0.07-0.08 ms after
+# getting one batch to the loop, not the pipeline working: measured on 2 CPU cores with
+# in-memory batches, get_next waited 0.03 ms between idle calls and 0.07-0.08 ms after
 # 0.7-1.3 ms steps from a full prefetch buffer, and 0.07 ms per 0.21 ms tabular step when the
-# loop's own get_next takes them (as it now takes cached batches, see inputs.make_dataset).
+# loop's own get_next takes them (as it takes cached batches, see inputs.make_dataset).
 HANDOFF_WAIT_SECONDS = 1e-4
-
-
-@dataclass(frozen=True)
-class DeviceFacts:
-    """What the training device can do (only what the advice depends on)."""
-
-    cpu_flags: frozenset[str] = frozenset()
-    cpu_count: int = 1
-    gpu_compute_capabilities: tuple[tuple[int, int], ...] = ()
-
-    @property
-    def has_gpu(self) -> bool:
-        return bool(self.gpu_compute_capabilities)
-
-    @property
-    def cpu_bf16(self) -> bool:
-        return bool({"avx512_bf16", "amx_bf16"} & self.cpu_flags)
-
-    @property
-    def gpu_float16(self) -> bool:  # tensor cores
-        return self.has_gpu and min(self.gpu_compute_capabilities) >= (7, 0)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "cpu_count": self.cpu_count,
-            "cpu_bf16": self.cpu_bf16,
-            "gpu_compute_capabilities": [list(c) for c in self.gpu_compute_capabilities],
-        }
-
-
-def device_facts() -> DeviceFacts:
-    """This machine's facts: CPU flags from /proc/cpuinfo, GPUs from TensorFlow."""
-    from trainer_module.training.precision import _gpu_compute_capabilities, cpu_flags
-
-    return DeviceFacts(
-        cpu_flags=cpu_flags(),
-        cpu_count=len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else (os.cpu_count() or 1),
-        gpu_compute_capabilities=tuple(_gpu_compute_capabilities()),
-    )
 
 
 @dataclass(frozen=True)
@@ -107,7 +70,7 @@ class StepTimeMeasurements:
     # Whether the training input was served from the in-memory cache (None = unknown): the
     # advisor does not suggest `cache` for a run that already had it.
     input_cached: bool | None = None
-    model_kind: str | None = None  # "tabular" | "transformer" (None = unknown)
+    model_kind: str | None = None  # a registered model's name (None = unknown)
     # The host's work between loops (metric reads, summaries, hooks, periodic checkpoints) per
     # step, and the periodic checkpoints' share of it; 0 for records without them (the
     # benchmark's bare loop). The save at the end of training is not counted.
@@ -156,11 +119,11 @@ def measurements_from_history(
     than one — the same steady-state window ``TrainResult.examples_per_second`` uses.
     """
     steady = list(history[1:] if len(history) > 1 else history)
-    steps = sum(int(r["steps"]) for r in steady)
-    wall = sum(float(r["wall_time"]) for r in steady)
-    wait = sum(float(r["input_wait_time"]) for r in steady)
-    host = sum(float(r.get("host_time", 0.0)) for r in steady)
-    saving = [float(r.get("checkpoint_time", 0.0)) for r in steady]
+    steps = sum(int(r[metrics.STEPS]) for r in steady)
+    wall = sum(float(r[metrics.WALL_TIME]) for r in steady)
+    wait = sum(float(r[metrics.INPUT_WAIT_TIME]) for r in steady)
+    host = sum(float(r.get(metrics.HOST_TIME, 0.0)) for r in steady)
+    saving = [float(r.get(metrics.CHECKPOINT_TIME, 0.0)) for r in steady]
     per = max(steps, 1)
     return StepTimeMeasurements(
         step_seconds=wall / per,
@@ -341,26 +304,11 @@ def _compute_advice(
                     "float32 rate (measured 410 vs 213 GFLOP/s on the CI machine)",
                 )
             )
-    if m.model_kind == "transformer" and not config.fused_kernels and not config.jit_compile:
-        advice.append(
-            _item(
-                "fused_kernels",
-                True,
-                "runs the Transformer's layer norms, GELU, softmax dropout and residual dropouts "
-                "as fused XLA kernels between the matmuls (same maths and weights; measured "
-                "1.31x on the d_model 256 bench Transformer in mixed_bfloat16 on a 2-core CPU)",
-            )
-        )
-    if m.model_kind == "transformer" and not config.trim_padding and not config.jit_compile:
-        advice.append(
-            _item(
-                "trim_padding",
-                True,
-                "cuts each batch's text after its longest text, so padding costs no matmuls "
-                "(same outputs and gradients; measured 2.3x on the bundled text data, whose "
-                "batches hold 57 of 128 tokens; no gain where texts fill the sequence)",
-            )
-        )
+    # The model's own levers (the registry's advice for the model that ran).
+    if m.model_kind in MODELS:
+        spec = MODELS[m.model_kind]
+        for lever in spec.advice(config.model_options(spec.name), config):
+            advice.append(_item(f"models.{spec.name}.{lever.option}", lever.value, lever.why))
     if not config.jit_compile:
         if device.has_gpu:
             advice.append(
@@ -470,15 +418,15 @@ def advise(
 
 
 def advise_result(
-    result: Any, config: TrainingConfig, device: DeviceFacts | None = None
+    result: TrainResult, config: TrainingConfig, device: DeviceFacts | None = None
 ) -> dict[str, Any]:
     """:func:`advise` over a ``TrainResult`` (its loop history), on this machine by default."""
     measurements = measurements_from_history(
         result.history,
-        global_batch_size=result.global_batch_size,
-        precision_policy=result.precision_policy,
-        input_cached=getattr(result, "input_cached", None),
-        model_kind=getattr(result, "model_kind", None),
+        global_batch_size=result.facts.global_batch_size,
+        precision_policy=result.facts.precision_policy,
+        input_cached=result.facts.input_cached,
+        model_kind=result.facts.model_kind,
     )
     return advise(measurements, config, device or device_facts())
 

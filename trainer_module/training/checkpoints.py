@@ -1,9 +1,17 @@
-"""Periodic checkpoints without re-walking the object graph at every save.
+"""Checkpoints: what a run saves, where each worker saves, restore, and the save cadence.
+
+- :func:`training_checkpoint`: the saved objects (model, optimizer, step, dropout RNG state).
+- :class:`CheckpointStore`: where this worker saves, and restoring the chief's latest checkpoint.
+- :class:`CheckpointAction`: the outer loop's save action, on cadence (steps, seconds) and at the
+  end, timed.
+- :class:`TracedWriteCheckpoint`: periodic saves without re-walking the object graph.
+
+Periodic checkpoints without re-walking the object graph at every save:
 
 `tf.train.Checkpoint.write`, run eagerly, walks the whole Python object graph (model, optimizer,
 their layers and variables) at every save, to rebuild the list of tensors to save and the graph
-proto it stores beside them. For the tabular model that walk is most of a save: measured on
-2026-12-01 (AMD EPYC, 2 cores, AVX2), a `CheckpointManager.save` took 28 ms eagerly and 6.6 ms
+proto it stores beside them. For the tabular model that walk is most of a save: measured on an
+AMD EPYC (2 cores, AVX2), a `CheckpointManager.save` took 28 ms eagerly and 6.6 ms
 traced (3.3 ms of it the write, the rest the manager's state file and sweep), and at the
 default cadence (every 100 steps of ~0.4 ms) the eager saves were ~30% of the training time,
 the traced ones ~13%. The first save pays the trace (~150 ms against ~65 ms eagerly).
@@ -27,10 +35,16 @@ from __future__ import annotations
 
 import inspect
 import os
+import shutil
+import tempfile
+import time
 from collections.abc import Callable, Hashable
 from typing import Any
 
+import keras
 import tensorflow as tf
+
+from trainer_module.training.strategy import ClusterInfo
 
 
 def _only_callbacks(options: tf.train.CheckpointOptions | None) -> bool:
@@ -85,3 +99,135 @@ class TracedWriteCheckpoint(tf.train.Checkpoint):
         for callback in (options.experimental_write_callbacks if options else None) or ():
             callback(*([path] if inspect.signature(callback).parameters else []))
         return path
+
+
+def training_checkpoint(
+    *,
+    model: keras.Model,
+    optimizer: keras.optimizers.Optimizer,
+    step: tf.Variable,
+    traced: bool,
+) -> tf.train.Checkpoint:
+    """The objects a run saves and restores: model, optimizer (slots, iterations, loss scale),
+    the step counter and the dropout RNG state. ``traced``: saves run as one traced function
+    (:class:`TracedWriteCheckpoint`; single host), else TF's own eager save."""
+    # Keras keeps dropout RNG state in SeedGenerator variables that tf.train.Checkpoint does not
+    # reach through the model; without them a resumed run would redraw the first run's masks.
+    rng_state = tf.train.Checkpoint(
+        **{
+            f"seed{i}": v.value
+            for i, v in enumerate(model.non_trainable_variables)
+            if "seed_generator_state" in v.path
+        }
+    )
+    saved = {"model": model, "optimizer": optimizer, "step": step, "rng_state": rng_state}
+    if not traced:
+        return tf.train.Checkpoint(**saved)
+    return TracedWriteCheckpoint(
+        structure_key=lambda: (len(model.variables), len(optimizer.variables)), **saved
+    )
+
+
+class CheckpointStore:
+    """Where this worker's checkpoints go, and restoring from the chief's.
+
+    The chief saves to ``work_dir/checkpoints``. As TF's multi-worker guide has it, every worker
+    saves (saving may run collectives) but only the chief's copy is kept: the others write to a
+    private temporary directory, removed by :meth:`close`. Every worker restores the chief's
+    latest checkpoint.
+    """
+
+    def __init__(
+        self,
+        checkpoint: tf.train.Checkpoint,
+        *,
+        work_dir: str,
+        cluster: ClusterInfo,
+        max_to_keep: int,
+    ):
+        self.checkpoint = checkpoint
+        self.chief_directory = os.path.join(work_dir, "checkpoints")
+        self._own_directory: str | None = None
+        if cluster.is_chief:
+            self.directory = self.chief_directory
+        else:
+            self._own_directory = tempfile.mkdtemp(
+                prefix=f"fullthrottle-worker{cluster.worker_index}-ckpt-"
+            )
+            self.directory = self._own_directory
+        self.manager = tf.train.CheckpointManager(
+            checkpoint, self.directory, max_to_keep=max_to_keep
+        )
+
+    @property
+    def saves(self) -> str:
+        """How periodic saves are written: "traced" or "eager"."""
+        return "traced" if isinstance(self.checkpoint, TracedWriteCheckpoint) else "eager"
+
+    def restore_latest(self) -> str | None:
+        """Restore the chief's latest checkpoint, if there is one; returns its prefix."""
+        latest = tf.train.latest_checkpoint(self.chief_directory)
+        if latest:
+            self.checkpoint.restore(latest).assert_existing_objects_matched()
+        return latest
+
+    def save(self, step: int) -> str:
+        """Write checkpoint ``ckpt-<step>`` (keeping the newest ``max_to_keep``); its prefix."""
+        return self.manager.save(checkpoint_number=step)
+
+    def close(self) -> None:
+        """Remove a non-chief worker's private checkpoints (the chief's stay)."""
+        if self._own_directory:
+            shutil.rmtree(self._own_directory, ignore_errors=True)
+
+
+class CheckpointAction:
+    """The outer loop's checkpoint action: after a loop that ends at ``step``, save when the
+    step is a multiple of ``every_steps``, when ``every_seconds`` have passed since the last save
+    (as decided by ``agree``, so every worker takes the same decision), and at ``train_steps``;
+    never twice at one step (a run restored at its end saves nothing). Times each save.
+
+    The controller cuts loops at :meth:`steps_to_next` so saves happen exactly on their step.
+    The clock starts when the action is made: make it just before the first loop.
+    """
+
+    def __init__(
+        self,
+        save: Callable[[int], str],
+        *,
+        train_steps: int,
+        every_steps: int,
+        every_seconds: float | None,
+        start_step: int,
+        agree: Callable[[bool], bool] = lambda flag: flag,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self._save = save
+        self._train_steps = train_steps
+        self._every_steps = every_steps
+        self._every_seconds = every_seconds
+        self._agree = agree
+        self._clock = clock
+        self._last_saved = start_step
+        self._last_save_time = clock()
+
+    def steps_to_next(self, step: int) -> int | None:
+        """Steps from ``step`` to the next step-cadence save (None without one)."""
+        if not self._every_steps:
+            return None
+        return self._every_steps - step % self._every_steps
+
+    def __call__(self, step: int) -> tuple[str | None, float]:
+        """Save if due after the loop that ended at ``step``: (checkpoint prefix or None,
+        seconds the save took)."""
+        due = step == self._train_steps or bool(self._every_steps and step % self._every_steps == 0)
+        if self._every_seconds is not None and not due:
+            late = self._clock() - self._last_save_time >= self._every_seconds
+            due = self._agree(late)
+        if not due or step == self._last_saved:
+            return None, 0.0
+        started = time.perf_counter()
+        path = self._save(step)
+        seconds = time.perf_counter() - started
+        self._last_saved, self._last_save_time = step, self._clock()
+        return path, seconds

@@ -8,13 +8,15 @@ that need the runtime (number of replicas) live in :func:`resolve_batch_sizes`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
+from trainer_module.training import models as registry
 from trainer_module.training.errors import ConfigError
 
-MODELS = ("auto", "tabular", "transformer")
 PRECISIONS = ("auto", "float32", "mixed_bfloat16", "mixed_float16")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
@@ -76,7 +78,9 @@ class ModelInputs:
 class TrainingConfig:
     """How to train. Every field has a working default; ``None``/"auto" means automatic."""
 
-    model: str = "auto"  # "tabular" | "transformer" | "auto" (transformer iff text inputs)
+    # A registered model (models.MODELS: "tabular", "transformer"), or "auto": the registry
+    # decides from the inputs (the Transformer iff there is text).
+    model: str = "auto"
     per_replica_batch_size: int = 64
     # If set, wins over per_replica_batch_size: per-replica batch is derived from it and must
     # divide evenly by (replicas x gradient_accumulation_steps) at run time.
@@ -94,14 +98,6 @@ class TrainingConfig:
     loss_scale_initial: float = 2.0**15  # float16 only: dynamic loss scale starting value
     loss_scale_growth_steps: int = 2000  # float16 only: finite steps before doubling the scale
     jit_compile: bool = False
-    # Transformer only: layer norms, bias+GELU, the dropouts and dropout + residual run as small
-    # XLA kernels between oneDNN matmuls, self-attention as one QKV matmul (training/fused.py).
-    # Same maths and weights; the exported serving model is always the plain one.
-    fused_kernels: bool = True
-    # Transformer only: each batch's text is cut after its longest text (rounded up to 16
-    # tokens) before the encoder: padding costs the same matmuls as tokens. Outputs and
-    # gradients are those of the full length; off under jit_compile (models.TrimPadding).
-    trim_padding: bool = True
     run_eagerly: bool = False  # debugging / tests: no tf.function around the loop
     strategy: str = "auto"
     num_logical_cpu_devices: int = 0
@@ -123,25 +119,23 @@ class TrainingConfig:
     prefetch_buffer_size: int | None = None
     deterministic_input: bool | None = None  # None = same as `deterministic`
     resume_data: str = "skip"  # "skip": replay the seeded order up to the step; "reseed"
-    # Models.
-    hidden_units: tuple[int, ...] = (64, 64)
-    embedding_dim: int = 8
-    transformer_layers: int = 2
-    transformer_d_model: int = 64
-    transformer_heads: int = 4
-    transformer_ffn_dim: int = 128
-    transformer_pooling: str = "mean"  # "mean" (over non-padding tokens) | "cls" (position 0)
+    # Models: each registered model's own options, by model name (``models: {transformer:
+    # {layers: 2, ...}, tabular: {hidden_units: [64, 64]}}``; see models/<name>.py). Missing
+    # sections and options take their defaults. The two below are shared by every model.
+    models: Mapping[str, Any] = field(default_factory=dict)
+    embedding_dim: int = 8  # width of each categorical feature's embedding
     dropout_rate: float = 0.1
     profile_steps: tuple[int, int] | None = None
     seed: int = 42
     deterministic: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hidden_units", tuple(self.hidden_units))
         if self.profile_steps is not None:
             object.__setattr__(self, "profile_steps", tuple(self.profile_steps))
         r = _require
-        r(self.model in MODELS, "model", f"must be one of {MODELS}", self.model)
+        if self.model != "auto":
+            registry.model_spec(self.model)
+        object.__setattr__(self, "models", registry.model_options(self.models))
         r(self.precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}", self.precision)
         r(self.strategy in STRATEGIES, "strategy", f"must be one of {STRATEGIES}", self.strategy)
         r(self.optimizer in OPTIMIZERS, "optimizer", f"must be one of {OPTIMIZERS}", self.optimizer)
@@ -163,12 +157,6 @@ class TrainingConfig:
             "must be true, false or 'auto'",
             self.cache,
         )
-        r(
-            self.transformer_pooling in ("mean", "cls"),
-            "transformer_pooling",
-            "must be 'mean' or 'cls'",
-            self.transformer_pooling,
-        )
         for name in (
             "per_replica_batch_size",
             "gradient_accumulation_steps",
@@ -177,10 +165,6 @@ class TrainingConfig:
             "learning_rate_base_batch",
             "checkpoints_to_keep",
             "embedding_dim",
-            "transformer_layers",
-            "transformer_d_model",
-            "transformer_heads",
-            "transformer_ffn_dim",
             "loss_scale_growth_steps",
         ):
             v = getattr(self, name)
@@ -220,18 +204,6 @@ class TrainingConfig:
             self.loss_scale_initial,
         )
         r(0.0 <= self.dropout_rate < 1.0, "dropout_rate", "must be in [0, 1)", self.dropout_rate)
-        r(
-            bool(self.hidden_units) and all(u > 0 for u in self.hidden_units),
-            "hidden_units",
-            "must be a non-empty tuple of positive ints",
-            self.hidden_units,
-        )
-        r(
-            self.transformer_d_model % self.transformer_heads == 0,
-            "transformer_d_model",
-            f"must be divisible by `transformer_heads` ({self.transformer_heads})",
-            self.transformer_d_model,
-        )
         if self.checkpoint_every_seconds is not None:
             r(
                 self.checkpoint_every_seconds > 0,
@@ -270,11 +242,23 @@ class TrainingConfig:
         return self.deterministic if self.deterministic_input is None else self.deterministic_input
 
     def resolved_model(self, model_inputs: ModelInputs) -> str:
-        if self.model == "auto":
-            return "transformer" if model_inputs.text else "tabular"
-        if self.model == "transformer" and not model_inputs.text:
-            raise ConfigError("`model` is 'transformer' but `ModelInputs.text` names no column")
-        return self.model
+        """The model to train on ``model_inputs`` ("auto" resolved by the registry); refuses a
+        model the inputs cannot feed."""
+        name = registry.auto_model(model_inputs) if self.model == "auto" else self.model
+        why_not = registry.model_spec(name).check_inputs(model_inputs)
+        if why_not:
+            raise ConfigError(f"`model` is {name!r} but {why_not}")
+        return name
+
+    def model_options(self, name: str) -> Any:
+        """The options of registered model ``name`` (``models.<name>``, defaults filled in)."""
+        spec = registry.model_spec(name)
+        return self.models.get(name) or spec.options()
+
+    def with_model_options(self, name: str, **changes: Any) -> TrainingConfig:
+        """This config with some of model ``name``'s options changed."""
+        options = dataclasses.replace(self.model_options(name), **changes)
+        return dataclasses.replace(self, models={**self.models, name: options})
 
 
 @dataclass(frozen=True)

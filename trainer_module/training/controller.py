@@ -1,9 +1,13 @@
-"""The outer loop: everything around the compiled N-step loop.
+"""The outer loop: a small controller around the compiled N-step loop.
 
-Owns: strategy/precision/model/optimizer set-up, checkpoint restore and save, the host-side
-clock, TensorBoard summaries, the profiler window, divergence handling, eval, the float32
-serving twin, and calling hooks (chief only). Refuses: training on data whose spec lacks a
-model input, and exporting anything after a non-finite loss.
+Orbit's split: :mod:`setup` builds strategy, precision, model and optimizer; the
+:class:`checkpoints.CheckpointStore` restores; :class:`loop.TrainLoop` runs N steps per call;
+between calls the controller sizes the next loop, keeps the loop's record and timing, and calls
+its actions — summaries (:mod:`summaries`), the profiler window (:mod:`profiler`), the
+checkpoint cadence (:class:`checkpoints.CheckpointAction`) — and the hooks (chief only); at the
+end evaluation (:mod:`evaluation`) and the float32 serving twin (``models.build_serving_model``).
+Refuses: training on data whose spec lacks a model input, and exporting anything after a
+non-finite loss.
 
 Sync points (host waits for the device) are deliberate and few: once per loop, when the loop's
 counters are read. Nothing inside a loop touches the host.
@@ -13,98 +17,36 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
-import keras
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
 
-from trainer_module.training.checkpoints import TracedWriteCheckpoint
-from trainer_module.training.config import (
-    ModelInputs,
-    TrainingConfig,
-    resolve_batch_sizes,
-    scaled_learning_rate,
+from trainer_module.training import metrics
+from trainer_module.training.checkpoints import (
+    CheckpointAction,
+    CheckpointStore,
+    training_checkpoint,
 )
+from trainer_module.training.config import ModelInputs, TrainingConfig
 from trainer_module.training.errors import InputDataError, TrainingDivergedError
+from trainer_module.training.evaluation import evaluate
+from trainer_module.training.hooks import TrainingHook
 from trainer_module.training.inputs import (
     make_distributed_dataset,
     resolve_cache,
     validate_feature_spec,
 )
 from trainer_module.training.loop import TrainLoop
-from trainer_module.training.models import (
-    build_model,
-    build_serving_model,
-    training_model_options,
-)
-from trainer_module.training.optimization import create_optimizer, current_learning_rate
-from trainer_module.training.precision import loss_scale_variable, resolve_precision_policy
-from trainer_module.training.strategy import cluster_info, create_strategy, strategy_name
-
-
-class TrainingHook:
-    """Observer of a training run; every method is a no-op. Called on the chief only, from the
-    host between loops (never inside compiled code), so a hook may block but then slows
-    training by exactly that much. Exceptions propagate and stop the run."""
-
-    def on_train_begin(self, info: dict[str, Any]) -> None:
-        """Once, after restore, before the first loop. ``info`` describes the run."""
-
-    def on_loop_end(self, step: int, metrics: dict[str, Any]) -> None:
-        """After each N-step loop; ``metrics`` is the loop's history record."""
-
-    def on_checkpoint(self, step: int, path: str) -> None:
-        """After a checkpoint was written (``path`` is its prefix)."""
-
-    def on_train_end(self, result: TrainResult) -> None:
-        """Once, after eval and building the serving model (not called on divergence)."""
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    serving_model: keras.Model | None  # float32, trained weights; None on non-chief workers
-    is_chief: bool
-    steps_completed: int
-    final_loss: float  # mean training loss over the last loop
-    eval_metrics: dict[str, float]  # accuracy, loss, examples ({} when there are no eval files)
-    examples_per_second: float  # global examples/s, first (tracing) loop excluded if possible
-    input_wait_fraction: float  # time blocked on input / loop wall time, same loops
-    global_batch_size: int
-    per_replica_batch_size: int
-    gradient_accumulation_steps: int
-    num_replicas: int
-    num_workers: int
-    strategy_name: str
-    precision_policy: str
-    precision_reason: str
-    learning_rate: float  # peak (scaled) learning rate
-    loss_scale_skipped_steps: int  # steps whose update was skipped for non-finite gradients
-    start_step: int  # step restored from a checkpoint (0 for a fresh run)
-    model_kind: str
-    checkpoint_dir: str  # where THIS worker saved (non-chief: a temp dir, removed at the end)
-    history: tuple[dict[str, Any], ...] = field(default_factory=tuple)
-    # The model as trained (training dtype policy, strategy-placed variables), on every worker.
-    # For export use `serving_model`; this is for checks such as "workers stayed in sync".
-    model: keras.Model | None = None
-    input_cached: bool = False  # training input served from memory (inputs.resolve_cache)
-    input_cache_reason: str = ""
-
-
-# The `tensorboard` package (which implements tf.summary.scalar) is not in the locked
-# environment; tf.summary.write with the scalar plugin's metadata writes the identical event.
-_SCALAR_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
-)
-
-
-def _scalar(name: str, value: float, step: int) -> None:
-    tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=_SCALAR_METADATA)
+from trainer_module.training.models import build_serving_model
+from trainer_module.training.optimization import current_learning_rate
+from trainer_module.training.precision import loss_scale_variable
+from trainer_module.training.profiler import ProfilerWindow
+from trainer_module.training.results import RunFacts, TrainResult
+from trainer_module.training.setup import TrainingSetup, set_up
+from trainer_module.training.strategy import agree_any, strategy_name
+from trainer_module.training.summaries import Summaries
 
 
 def _invalid_data_error(e: tf.errors.InvalidArgumentError, step: int) -> Exception:
@@ -121,25 +63,110 @@ def _invalid_data_error(e: tf.errors.InvalidArgumentError, step: int) -> Excepti
     )
 
 
-def _agree_any(strategy: tf.distribute.Strategy, flag: bool, num_workers: int) -> bool:
-    """True if any worker says True (wall-clock decisions must match on every worker)."""
-    if num_workers <= 1:
-        return flag
-    value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
-    return bool(strategy.reduce(tf.distribute.ReduceOp.MAX, value, axis=None).numpy() > 0.5)
+def _loop_record(
+    loop: TrainLoop, *, step: int, ran: int, wall: float, scale_var: tf.Variable | None
+) -> dict[str, Any]:
+    """The history record of the loop that ran ``ran`` steps in ``wall`` seconds, ending at
+    ``step`` (reads the loop's counters, the learning rate and the loss scale: the sync point)."""
+    wait = float(loop.input_wait.numpy())
+    return {
+        metrics.STEP: step,
+        metrics.LOSS: float(loop.loss_sum.numpy()) / max(ran, 1),
+        metrics.LEARNING_RATE: current_learning_rate(loop.optimizer),
+        metrics.EXAMPLES_PER_SECOND: ran * loop.batch.global_batch / wall,
+        metrics.INPUT_WAIT_FRACTION: min(wait / wall, 1.0),
+        metrics.LOSS_SCALE: float(scale_var.numpy()) if scale_var is not None else None,
+        metrics.STEP_TIME: wall / max(ran, 1),
+        metrics.STEPS: ran,
+        metrics.WALL_TIME: wall,
+        metrics.INPUT_WAIT_TIME: wait,
+    }
 
 
-def _next_loop_length(step: int, config: TrainingConfig) -> int:
-    """Steps in the next loop: steps_per_loop, cut at the end, at checkpoint steps and at the
-    profiler window's edges, so those happen exactly on their step."""
-    n = min(config.steps_per_loop, config.train_steps - step)
-    if config.checkpoint_every_steps:
-        n = min(n, config.checkpoint_every_steps - step % config.checkpoint_every_steps)
-    if config.profile_steps:
-        for edge in config.profile_steps:
-            if step < edge:
-                n = min(n, edge - step)
-    return max(n, 1)
+def _run_facts(
+    setup: TrainingSetup,
+    config: TrainingConfig,
+    *,
+    start_step: int,
+    input_cache: tuple[bool, str],
+    checkpoint_saves: str,
+    work_dir: str,
+) -> RunFacts:
+    return RunFacts(
+        strategy_name=strategy_name(setup.strategy),
+        num_replicas=setup.strategy.num_replicas_in_sync,
+        num_workers=setup.cluster.num_workers,
+        global_batch_size=setup.batch.global_batch,
+        per_replica_batch_size=setup.batch.per_replica,
+        gradient_accumulation_steps=setup.batch.accumulation_steps,
+        learning_rate=setup.learning_rate,
+        precision_policy=setup.policy_name,
+        precision_reason=setup.policy_reason,
+        model_kind=setup.model_kind,
+        parameters=int(setup.model.count_params()),
+        start_step=start_step,
+        train_steps=config.train_steps,
+        input_cached=input_cache[0],
+        input_cache_reason=input_cache[1],
+        checkpoint_saves=checkpoint_saves,
+        work_dir=work_dir,
+    )
+
+
+def _train_loops(
+    loop: TrainLoop,
+    iterator: Any,
+    config: TrainingConfig,
+    *,
+    start_step: int,
+    checkpoint: CheckpointAction,
+    summaries: Summaries,
+    profiler: ProfilerWindow,
+    hooks: Sequence[TrainingHook],
+) -> list[dict[str, Any]]:
+    """Loops from ``start_step`` to ``config.train_steps``, each followed by its actions; the
+    loops' history records."""
+    scale_var = loss_scale_variable(loop.optimizer)
+    history: list[dict[str, Any]] = []
+    step = start_step
+    while step < config.train_steps:
+        # Loops end exactly at checkpoint steps and the profiler window's edges.
+        edges = (checkpoint.steps_to_next(step), profiler.steps_to_edge(step))
+        n = min(config.steps_per_loop, config.train_steps - step, *(e for e in edges if e))
+        profiler.before_loop(step)
+        t0 = time.perf_counter()
+        try:
+            ran = int(loop.train_loop(iterator, tf.constant(n, tf.int64)))  # host sync
+        except tf.errors.InvalidArgumentError as e:
+            raise _invalid_data_error(e, step + 1) from e
+        wall = time.perf_counter() - t0
+        bad = int(loop.bad_step.numpy())
+        if bad >= 0:
+            raise TrainingDivergedError(
+                bad, float(loop.last_loss.numpy()), current_learning_rate(loop.optimizer)
+            )
+        step += ran
+        profiler.after_loop(step)
+        record = _loop_record(loop, step=step, ran=ran, wall=wall, scale_var=scale_var)
+        history.append(record)
+        summaries.write_loop(record, step)
+        for h in hooks:
+            h.on_loop_end(step, dict(record))
+        path, save_seconds = checkpoint(step)
+        if path is not None:
+            for h in hooks:
+                h.on_checkpoint(step, path)
+        # Where the time between loops went (the advisor's "outside the loop" share): the host's
+        # work after this loop (reads, summaries, hooks, checkpoint) until the next one starts.
+        # The save at the end of training is kept apart: every run pays it once, whatever its
+        # checkpoint cadence.
+        final = step >= config.train_steps
+        record[metrics.CHECKPOINT_TIME] = 0.0 if final else save_seconds
+        record[metrics.FINAL_CHECKPOINT_TIME] = save_seconds if final else 0.0
+        record[metrics.HOST_TIME] = (
+            time.perf_counter() - (t0 + wall) - record[metrics.FINAL_CHECKPOINT_TIME]
+        )
+    return history
 
 
 def train(
@@ -161,254 +188,108 @@ def train(
     Raises ConfigError / InputDataError before any training on bad config or spec, and
     TrainingDivergedError (nothing exported, no checkpoint written) on a non-finite loss.
     """
-    # Cheap, TF-free refusals first.
+    # Cheap, TF-free refusals first (set_up refuses a model the inputs cannot feed).
     validate_feature_spec(feature_spec, model_inputs)
-    model_kind = config.resolved_model(model_inputs)
     if not train_files:
         raise InputDataError("`train_files` is empty")
-    info = cluster_info()
-    # Multi-worker collectives must be configured before TF initialises: strategy first.
-    strategy = create_strategy(config)
-    if config.deterministic:
-        tf.config.experimental.enable_op_determinism()  # process-wide and irreversible (TF)
-    keras.utils.set_random_seed(config.seed)  # same initial weights on every replica/worker
-    policy_name, policy_reason = resolve_precision_policy(config)
-    batch = resolve_batch_sizes(config, strategy.num_replicas_in_sync)
-    peak_lr = scaled_learning_rate(config, batch.global_batch)
-
-    with strategy.scope():
-        model = build_model(model_inputs, config, policy_name, **training_model_options(config))
-        optimizer = create_optimizer(config, peak_lr, policy_name)
-        # Build slots now so a checkpoint restores into existing variables (no deferred
-        # restore, which Keras 3 optimizers do not support).
-        optimizer.build(model.trainable_variables)
-    loop = TrainLoop(strategy, model, optimizer, config, batch)
-
-    chief_ckpt_dir = os.path.join(work_dir, "checkpoints")
-    # Keras keeps dropout RNG state in SeedGenerator variables that tf.train.Checkpoint does not
-    # reach through the model; without them a resumed run would redraw the first run's masks.
-    rng_state = tf.train.Checkpoint(
-        **{
-            f"seed{i}": v.value
-            for i, v in enumerate(model.non_trainable_variables)
-            if "seed_generator_state" in v.path
-        }
+    setup = set_up(config, model_inputs)
+    cluster, chief = setup.cluster, setup.cluster.is_chief
+    loop = TrainLoop(setup.strategy, setup.model, setup.optimizer, config, setup.batch)
+    checkpoints = CheckpointStore(
+        training_checkpoint(
+            model=setup.model,
+            optimizer=setup.optimizer,
+            step=loop.step,
+            traced=cluster.num_workers == 1 and config.traced_checkpoint_saves,
+        ),
+        work_dir=work_dir,
+        cluster=cluster,
+        max_to_keep=config.checkpoints_to_keep,
     )
-    saved = {"model": model, "optimizer": optimizer, "step": loop.step, "rng_state": rng_state}
-    checkpoint = (
-        tf.train.Checkpoint(**saved)
-        if info.num_workers > 1 or not config.traced_checkpoint_saves
-        else TracedWriteCheckpoint(
-            structure_key=lambda: (len(model.variables), len(optimizer.variables)), **saved
-        )
-    )
-    own_tmp = None
-    if info.is_chief:
-        ckpt_dir = chief_ckpt_dir
-    else:
-        # TF's multi-worker guide: every worker saves (saving may run collectives), but only
-        # the chief's copy is kept; the others write to a private temporary place.
-        own_tmp = tempfile.mkdtemp(prefix=f"fullthrottle-worker{info.worker_index}-ckpt-")
-        ckpt_dir = own_tmp
-    manager = tf.train.CheckpointManager(
-        checkpoint, ckpt_dir, max_to_keep=config.checkpoints_to_keep
-    )
-    latest = tf.train.latest_checkpoint(chief_ckpt_dir)  # every worker restores the chief's
-    if latest:
-        checkpoint.restore(latest).assert_existing_objects_matched()
+    checkpoints.restore_latest()
     start_step = int(loop.step.numpy())
-    # Decided here once for the record (make_dataset applies the same rule per pipeline shard).
-    input_cached, input_cache_reason = resolve_cache(config, train_files)
-
     train_ds = make_distributed_dataset(
-        strategy,
+        setup.strategy,
         train_files,
         feature_spec,
         model_inputs,
         config,
-        per_replica_batch_size=batch.per_replica_step,
+        per_replica_batch_size=setup.batch.per_replica_step,
         training=True,
         compression=compression,
         start_step=start_step,
     )
-    iterator = iter(train_ds)
-
-    chief = info.is_chief
     hooks = tuple(hooks) if chief else ()
-    writer = (
-        tf.summary.create_file_writer(os.path.join(work_dir, "logs", "train"))
-        if chief
-        else tf.summary.create_noop_writer()
+    summaries = Summaries(os.path.join(work_dir, "logs", "train") if chief else None)
+    facts = _run_facts(
+        setup,
+        config,
+        start_step=start_step,
+        # Decided here once for the record (make_dataset applies the same rule per shard).
+        input_cache=resolve_cache(config, train_files),
+        checkpoint_saves=checkpoints.saves,
+        work_dir=work_dir,
     )
-    scale_var = loss_scale_variable(optimizer)
-    run_info = {
-        "strategy_name": strategy_name(strategy),
-        "num_replicas": strategy.num_replicas_in_sync,
-        "num_workers": info.num_workers,
-        "global_batch_size": batch.global_batch,
-        "per_replica_batch_size": batch.per_replica,
-        "gradient_accumulation_steps": batch.accumulation_steps,
-        "learning_rate": peak_lr,
-        "precision_policy": policy_name,
-        "precision_reason": policy_reason,
-        "model": model_kind,
-        "parameters": int(model.count_params()),
-        "start_step": start_step,
-        "initial_step": start_step,  # alias of start_step
-        "input_cached": input_cached,
-        # "traced" (training.traced_checkpoint_saves, single host) or "eager" (TF's own save).
-        "checkpoint_saves": "traced" if isinstance(checkpoint, TracedWriteCheckpoint) else "eager",
-        "train_steps": config.train_steps,
-        "work_dir": work_dir,
-    }
     for h in hooks:
-        h.on_train_begin(dict(run_info))
+        h.on_train_begin(facts)
 
-    history: list[dict[str, Any]] = []
-    step = start_step
-    last_saved = start_step
-    last_save_time = time.monotonic()
-    profiling = False
+    profiler = ProfilerWindow(
+        config.profile_steps, os.path.join(work_dir, "profile"), enabled=chief
+    )
     try:
-        while step < config.train_steps:
-            n = _next_loop_length(step, config)
-            if chief and config.profile_steps and not profiling:
-                p0, p1 = config.profile_steps
-                if p0 <= step < p1:
-                    tf.profiler.experimental.start(os.path.join(work_dir, "profile"))
-                    profiling = True
-            t0 = time.perf_counter()
-            try:
-                ran = int(loop.train_loop(iterator, tf.constant(n, tf.int64)))  # host sync
-            except tf.errors.InvalidArgumentError as e:
-                raise _invalid_data_error(e, step + 1) from e
-            wall = time.perf_counter() - t0
-            bad = int(loop.bad_step.numpy())
-            if bad >= 0:
-                raise TrainingDivergedError(
-                    bad, float(loop.last_loss.numpy()), current_learning_rate(optimizer)
-                )
-            step += ran
-            if profiling and step >= config.profile_steps[1]:
-                tf.profiler.experimental.stop()
-                profiling = False
-            wait = float(loop.input_wait.numpy())
-            record = {
-                "step": step,
-                "loss": float(loop.loss_sum.numpy()) / max(ran, 1),
-                "learning_rate": current_learning_rate(optimizer),
-                "examples_per_second": ran * batch.global_batch / wall,
-                "input_wait_fraction": min(wait / wall, 1.0),
-                "loss_scale": float(scale_var.numpy()) if scale_var is not None else None,
-                "step_time": wall / max(ran, 1),
-                "steps": ran,
-                "wall_time": wall,
-                "input_wait_time": wait,
-            }
-            history.append(record)
-            with writer.as_default():
-                for key in (
-                    "loss",
-                    "learning_rate",
-                    "examples_per_second",
-                    "step_time",
-                    "input_wait_fraction",
-                    "loss_scale",
-                ):
-                    if record[key] is not None:
-                        _scalar(key, record[key], step)
-            for h in hooks:
-                h.on_loop_end(step, dict(record))
-
-            due = step == config.train_steps or (
-                config.checkpoint_every_steps and step % config.checkpoint_every_steps == 0
-            )
-            if config.checkpoint_every_seconds is not None and not due:
-                late = time.monotonic() - last_save_time >= config.checkpoint_every_seconds
-                due = _agree_any(strategy, late, info.num_workers)
-            save_seconds = 0.0
-            if due and step != last_saved:
-                save_start = time.perf_counter()
-                path = manager.save(checkpoint_number=step)
-                save_seconds = time.perf_counter() - save_start
-                last_saved, last_save_time = step, time.monotonic()
-                for h in hooks:
-                    h.on_checkpoint(step, path)
-            # Where the time between loops went (the advisor's "outside the loop" share): the
-            # host's work after this loop (reads, summaries, hooks, checkpoint) until the next
-            # one starts. The save at the end of training is kept apart: every run pays it once,
-            # whatever its checkpoint cadence.
-            final = step >= config.train_steps
-            record["checkpoint_time"] = 0.0 if final else save_seconds
-            record["final_checkpoint_time"] = save_seconds if final else 0.0
-            record["host_time"] = (
-                time.perf_counter() - (t0 + wall) - record["final_checkpoint_time"]
-            )
-    finally:
-        if profiling:
-            tf.profiler.experimental.stop()
-        writer.flush()
-
-    eval_metrics: dict[str, float] = {}
-    if eval_files:
-        eval_ds = make_distributed_dataset(
-            strategy,
-            eval_files,
-            feature_spec,
-            model_inputs,
+        history = _train_loops(
+            loop,
+            iter(train_ds),
             config,
-            per_replica_batch_size=batch.per_replica,
-            training=False,
-            compression=compression,
+            start_step=start_step,
+            checkpoint=CheckpointAction(
+                checkpoints.save,
+                train_steps=config.train_steps,
+                every_steps=config.checkpoint_every_steps,
+                every_seconds=config.checkpoint_every_seconds,
+                start_step=start_step,
+                agree=lambda late: agree_any(setup.strategy, late, cluster.num_workers),
+            ),
+            summaries=summaries,
+            profiler=profiler,
+            hooks=hooks,
         )
-        max_steps = config.eval_steps or 2**62
-        loss_sum, correct, count = (
-            float(v) for v in loop.eval_loop(iter(eval_ds), tf.constant(max_steps, tf.int64))
-        )
-        if count:
-            eval_metrics = {
-                "loss": loss_sum / count,
-                "accuracy": correct / count,
-                "examples": count,
-            }
-            with writer.as_default():
-                _scalar("eval_loss", eval_metrics["loss"], step)
-                _scalar("eval_accuracy", eval_metrics["accuracy"], step)
-            writer.flush()
+    finally:
+        profiler.close()
+        summaries.flush()
+    step = history[-1][metrics.STEP] if history else start_step
 
+    eval_metrics = evaluate(
+        loop,
+        eval_files=eval_files,
+        feature_spec=feature_spec,
+        model_inputs=model_inputs,
+        config=config,
+        compression=compression,
+    )
+    if eval_metrics:
+        summaries.write_eval(eval_metrics, step)
+    serving = build_serving_model(setup.model, model_inputs, config) if chief else None
+    checkpoints.close()
     # Throughput over the steady state: drop the first loop (it includes tracing/compiling)
     # when there is more than one.
     steady = history[1:] if len(history) > 1 else history
-    wall = sum(r["wall_time"] for r in steady)
-    examples = sum(r["steps"] for r in steady) * batch.global_batch
-    serving = build_serving_model(model, model_inputs, config) if chief else None
-    if own_tmp:
-        shutil.rmtree(own_tmp, ignore_errors=True)
+    wall = sum(r[metrics.WALL_TIME] for r in steady)
+    examples = sum(r[metrics.STEPS] for r in steady) * setup.batch.global_batch
+    waited = sum(r[metrics.INPUT_WAIT_TIME] for r in steady)
     result = TrainResult(
+        facts=facts,
         serving_model=serving,
         is_chief=chief,
         steps_completed=step,
-        final_loss=history[-1]["loss"] if history else math.nan,
+        final_loss=history[-1][metrics.LOSS] if history else math.nan,
         eval_metrics=eval_metrics,
         examples_per_second=examples / wall if wall else 0.0,
-        input_wait_fraction=(sum(r["input_wait_time"] for r in steady) / wall) if wall else 0.0,
-        global_batch_size=batch.global_batch,
-        per_replica_batch_size=batch.per_replica,
-        gradient_accumulation_steps=batch.accumulation_steps,
-        num_replicas=strategy.num_replicas_in_sync,
-        num_workers=info.num_workers,
-        strategy_name=strategy_name(strategy),
-        precision_policy=policy_name,
-        precision_reason=policy_reason,
-        learning_rate=peak_lr,
-        loss_scale_skipped_steps=int(loop.step.numpy()) - int(optimizer.iterations.numpy()),
-        start_step=start_step,
-        model_kind=model_kind,
-        checkpoint_dir=ckpt_dir,
+        input_wait_fraction=waited / wall if wall else 0.0,
+        loss_scale_skipped_steps=int(loop.step.numpy()) - int(setup.optimizer.iterations.numpy()),
+        checkpoint_dir=checkpoints.directory,
         history=tuple(history),
-        model=model,
-        input_cached=input_cached,
-        input_cache_reason=input_cache_reason,
+        model=setup.model,
     )
     for h in hooks:
         h.on_train_end(result)

@@ -16,15 +16,25 @@ class ConfigError(TrainingError, ValueError):
 
     The message names the offending field. Given as ``field``, it leads the message:
     ``ConfigError("must be > 0, got -4", field="per_replica_batch_size")`` reads
-    "`per_replica_batch_size` must be > 0, got -4", and a caller that nests this config under a
-    section qualifies the path from ``field`` and ``message`` without parsing the text.
+    "`per_replica_batch_size` must be > 0, got -4"; or it stands where the message says
+    ``{field}``: ``ConfigError("unknown config key {field}", field="models.transformer.dmodel")``.
+    A caller that nests this config under a section qualifies the path with
+    :meth:`text` (``error.text("training." + error.field)``) without parsing the message.
     ``ConfigError(message)`` is a complete message as it stands.
     """
 
     def __init__(self, message: str, *, field: str | None = None):
-        super().__init__(f"`{field}` {message}" if field else message)
         self.message = message
         self.field = field
+        super().__init__(self.text(field))
+
+    def text(self, field: str | None) -> str:
+        """The message with ``field`` as the offending field's path."""
+        if field is None:
+            return self.message
+        if "{field}" in self.message:
+            return self.message.replace("{field}", f"`{field}`")
+        return f"`{field}` {self.message}"
 
 
 class InputDataError(TrainingError, ValueError):

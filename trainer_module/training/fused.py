@@ -16,8 +16,9 @@ Dropout masks are drawn by TensorFlow's stateless Philox kernel (outside XLA) as
 byte per element; the same bytes are kept for the backward pass (1 byte per element), so the
 forward and backward masks agree by construction.
 
-Only the training model uses these (``build_model(..., fused=True)``); the serving twin and the
-TFX-example baseline use plain Keras layers, so exported SavedModels contain no XLA clusters.
+Only the training graph uses these (``build_model(..., training=True)`` with the Transformer's
+``fused_kernels``); the serving twin and the TFX-example baseline use plain Keras layers, so
+exported SavedModels contain no XLA clusters.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import math
 
 import tensorflow as tf
 
-from trainer_module.training.precision import cpu_has_native_bf16
+from trainer_module.training.hardware import cpu_has_native_bf16, tensorflow_gpus
 
 _SQRT_HALF = 1.0 / math.sqrt(2.0)
 _INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -47,7 +48,7 @@ def column_sum(x):
     a bfloat16 gradient in bfloat16: summing a [8192, 1024] N(0, 1) tensor, its largest error
     was 49 against sums of size ~90 (the matmul's: 0.66, the final rounding). It is also
     faster: 0.95 vs 1.63 ms for that tensor, 0.27 vs 0.39 ms for a float32 [8192, 256]
-    ``reduce_sum`` (2 cores, 2026-11-30).
+    ``reduce_sum`` (2 cores).
 
     Where bfloat16 is emulated (see :func:`_bf16_matmul_sums_in_float32`), a bfloat16 ``x`` is
     cast to float32 for the matmul and the sum rounded to bfloat16 once, as oneDNN does."""
@@ -62,10 +63,10 @@ def column_sum(x):
 @functools.cache
 def _bf16_matmul_sums_in_float32() -> bool:
     """Whether a bfloat16 matmul here accumulates in float32 and rounds once: on a GPU, and on a
-    CPU with native bf16 (oneDNN). On a CPU without it (an AMD EPYC with AVX2 only, 2026-12-01)
+    CPU with native bf16 (oneDNN). On a CPU without it (measured on an AMD EPYC with AVX2 only)
     TensorFlow's emulated bf16 matmul rounded partial sums: column sums of a [8192, 64] N(0, 1)
     bf16 tensor were off by up to 0.85 against sums of ~200, where one rounding is <= 0.5."""
-    return bool(tf.config.list_physical_devices("GPU")) or cpu_has_native_bf16()
+    return bool(tensorflow_gpus()) or cpu_has_native_bf16()
 
 
 def bias_add(x, bias):
@@ -133,7 +134,7 @@ def _rows(x):
 def _row_mean(t):
     """Mean over the last axis of [rows, d] as a dot with a constant column: XLA's CPU row
     reductions were the slow part of these kernels (layer-norm forward 1.2-2.2 ms vs 0.7 ms,
-    backward 2.9-3.3 vs 1.5 ms for [8192, 256] bf16, 2 cores, 2026-11-30)."""
+    backward 2.9-3.3 vs 1.5 ms for [8192, 256] bf16, 2 cores)."""
     d = t.shape[-1]
     return tf.matmul(t, tf.fill([d, 1], 1.0 / d))
 
@@ -212,7 +213,7 @@ def dropout_add(x, h, noise, threshold: int, scale: float, bias=None):
     layer's matmul followed by this is faster than the same matmul with its BiasAdd: TensorFlow
     fuses MatMul + BiasAdd into oneDNN's inner-product primitive, which ran at ~575 GFLOP/s in
     the training step against ~950 for the plain matmul primitive (``ONEDNN_VERBOSE``,
-    benchmark Transformer, 2026-11-30)."""
+    benchmark Transformer)."""
     t = tf.constant(threshold, tf.uint8)
     s = tf.constant(scale, tf.float32)
 

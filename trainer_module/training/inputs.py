@@ -18,13 +18,13 @@ feature the model needs, or declares it with the wrong shape/dtype.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 
 import tensorflow as tf
 
 from trainer_module.training.config import ModelInputs, TrainingConfig
 from trainer_module.training.errors import InputDataError
+from trainer_module.training.hardware import physical_memory_bytes
 
 AUTOTUNE = tf.data.AUTOTUNE
 
@@ -41,13 +41,6 @@ CACHE_AUTO_RAM_FRACTION = 0.10
 CACHE_ROWS_PER_ELEMENT = 16_384
 
 
-def _physical_ram_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (OSError, ValueError):
-        return 0
-
-
 def resolve_cache(config: TrainingConfig, files: Sequence[str]) -> tuple[bool, str]:
     """Whether the training input is cached in memory, and why (for logs and the advisor).
 
@@ -61,7 +54,7 @@ def resolve_cache(config: TrainingConfig, files: Sequence[str]) -> tuple[bool, s
         total = sum(tf.io.gfile.stat(str(f)).length for f in files)
     except (tf.errors.OpError, OSError):
         return False, "auto: could not read the training files' sizes"
-    budget = CACHE_AUTO_RAM_FRACTION * _physical_ram_bytes()
+    budget = CACHE_AUTO_RAM_FRACTION * physical_memory_bytes()
     estimate = total * CACHE_AUTO_EXPANSION
     verdict = estimate <= budget
     return verdict, (

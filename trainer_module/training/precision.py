@@ -11,42 +11,18 @@ float32 serving twin of a mixed-precision model in the same process cannot be co
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import keras
-import tensorflow as tf
 
-from trainer_module.training.config import TrainingConfig
+from trainer_module.training.hardware import BF16_CPU_FLAGS, CPUINFO, device_facts
 
-_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-def cpu_flags(cpuinfo_path: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU feature flags of the first processor in /proc/cpuinfo (empty if unreadable)."""
-    try:
-        with open(cpuinfo_path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def cpu_has_native_bf16(cpuinfo_path: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX512_BF16 or AMX-BF16): oneDNN runs bf16
-    matmuls there, accumulating in float32. Without it TensorFlow emulates bf16."""
-    return any(flag in cpu_flags(cpuinfo_path) for flag in _BF16_CPU_FLAGS)
-
-
-def _gpu_compute_capabilities() -> list[tuple[int, int]]:
-    caps = []
-    for gpu in tf.config.list_physical_devices("GPU"):
-        cc = tf.config.experimental.get_device_details(gpu).get("compute_capability")
-        caps.append(tuple(cc) if cc else (0, 0))
-    return caps
+if TYPE_CHECKING:
+    from trainer_module.training.config import TrainingConfig
 
 
 def resolve_precision_policy(
-    config: TrainingConfig, *, cpuinfo_path: str = "/proc/cpuinfo"
+    config: TrainingConfig, *, cpuinfo_path: str = CPUINFO
 ) -> tuple[str, str]:
     """Return (policy_name, human-readable reason).
 
@@ -56,13 +32,13 @@ def resolve_precision_policy(
     """
     if config.precision != "auto":
         return config.precision, f"set in config (precision={config.precision!r})"
-    caps = _gpu_compute_capabilities()
-    if caps:
-        if min(caps) >= (7, 0):
-            return "mixed_float16", f"GPU compute capability {min(caps)} >= 7.0 (tensor cores)"
-        return "float32", f"GPU compute capability {min(caps)} < 7.0 (no tensor cores)"
-    flags = cpu_flags(cpuinfo_path)
-    found = [f for f in _BF16_CPU_FLAGS if f in flags]
+    device = device_facts(cpuinfo_path)
+    if device.has_gpu:
+        lowest = min(device.gpu_compute_capabilities)
+        if device.gpu_float16:
+            return "mixed_float16", f"GPU compute capability {lowest} >= 7.0 (tensor cores)"
+        return "float32", f"GPU compute capability {lowest} < 7.0 (no tensor cores)"
+    found = [flag for flag in BF16_CPU_FLAGS if flag in device.cpu_flags]
     if found:
         return "mixed_bfloat16", f"CPU has native bf16 ({', '.join(found)})"
     return "float32", "no GPU and no CPU bf16 support (avx512_bf16/amx_bf16)"

@@ -155,3 +155,13 @@ def strategy_name(strategy: tf.distribute.Strategy) -> str:
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return "MultiWorkerMirroredStrategy"
     return type(strategy).__name__
+
+
+def agree_any(strategy: tf.distribute.Strategy, flag: bool, num_workers: int) -> bool:
+    """True if any worker says True: decisions taken from a worker's own clock (a checkpoint due
+    by time) must be the same on every worker, or the collectives inside them would hang. One
+    scalar all-reduce (a sync point) with several workers; ``flag`` itself with one."""
+    if num_workers <= 1:
+        return flag
+    value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
+    return bool(strategy.reduce(tf.distribute.ReduceOp.MAX, value, axis=None).numpy() > 0.5)

@@ -134,7 +134,7 @@ def test_median_interval_is_the_binomial_order_statistics():
 
 def _tracking_verdict(paired: list[float]) -> tuple[dict, str]:
     """The tracking target's verdict, and its table row, for these paired on/off ratios."""
-    entry = suite._ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
+    entry = suite.ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
     results = {"tracking": {**entry, "train_steps": 100}}
     document = {
         "results": results,
@@ -254,7 +254,7 @@ def test_tabular_trainer_benchmark_times_fit_in_its_own_window(tmp_path):
     sizes = dataclasses.replace(
         TINY, tabular_baseline_window_steps=4, tabular_input_pairs=3, tabular_input_window_steps=6
     )
-    result = suite._trainer_model(data, config, sizes, 10, "tabular")
+    result = suite.trainer_model(data, config, sizes, 10, "tabular")
     assert result["window_steps"] == 10 and result["baseline_window_steps"] == 4
     assert len(result["vs_tfx_example"]["paired"]) == TINY.tabular_repeats
     # Input efficiency pools the repetitions' pairs with its own side-by-side pairs.
@@ -292,7 +292,7 @@ def test_a_failed_input_efficiency_process_keeps_the_model_process_results(tmp_p
     data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
     missing = dataclasses.replace(data, train_files=(str(tmp_path / "gone.gz"),))
     config = dataclasses.replace(TINY_TRANSFORMER, model="tabular")
-    own = suite._ratio_entry(
+    own = suite.ratio_entry(
         {"ours": [1.0, 0.9, 1.1], "ours_in_memory": [1.0] * 3}, "ours", "ours_in_memory"
     )
     entry = {"input_efficiency": dict(own), "phase_seconds": {}}
@@ -309,7 +309,7 @@ def test_input_efficiency_is_decided_only_when_every_process_agrees():
         return {"ours": list(paired), "ours_in_memory": [1.0] * len(paired)}
 
     def verdict(runs):
-        entry = suite._ratio_entry(runs[0], "ours", "ours_in_memory")
+        entry = suite.ratio_entry(runs[0], "ours", "ours_in_memory")
         entry["pairs"] = {"with_every_contender": len(runs[0]["ours"])}
         pooled = suite.pool_input_runs(entry, runs[1:])
         results = {"trainer": {"tabular": {"input_efficiency": pooled}}}
@@ -433,7 +433,7 @@ def _run_document(results: dict, *, date: str, commit: str, mode: str, bf16: boo
 
 
 def _tracking_reading(paired: list[float]) -> dict:
-    entry = suite._ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
+    entry = suite.ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
     return {**entry, "train_steps": 100, "bench_seconds": 9.0}
 
 

@@ -165,7 +165,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _ratio_entry(
+def ratio_entry(
     samples: dict[str, list[float]], num: str, den: str, unit: str = "examples/s"
 ) -> dict[str, Any]:
     return {
@@ -211,7 +211,7 @@ def window_steps(step_seconds: float, window_seconds: float, minimum: int = 2) -
     return max(minimum, round(window_seconds / step_seconds))
 
 
-def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) -> dict[str, Any]:
+def trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) -> dict[str, Any]:
     from fullthrottle.bench.trainer import (
         KerasFitBaseline,
         MatmulCeiling,
@@ -330,9 +330,9 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
         "global_batch_size": ours.batch.global_batch,
         "window_steps": window,
         "baseline_window_steps": baseline_window,
-        "vs_tfx_example": _ratio_entry(samples, "ours", "tfx_example"),
+        "vs_tfx_example": ratio_entry(samples, "ours", "tfx_example"),
         "input_efficiency": {
-            **_ratio_entry(input_samples, "ours", "ours_in_memory"),
+            **ratio_entry(input_samples, "ours", "ours_in_memory"),
             "pairs": {
                 "with_every_contender": repeats,
                 "side_by_side_only": input_pairs,
@@ -341,10 +341,10 @@ def _trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str)
                 else None,
             },
         },
-        **({"fused_vs_unfused": _ratio_entry(samples, "ours", "ours_unfused")} if fusable else {}),
+        **({"fused_vs_unfused": ratio_entry(samples, "ours", "ours_unfused")} if fusable else {}),
         **(
             {
-                "trimmed_vs_untrimmed": _ratio_entry(samples, "ours", "ours_untrimmed"),
+                "trimmed_vs_untrimmed": ratio_entry(samples, "ours", "ours_untrimmed"),
                 "trimmed_length": trimmed_lengths(data, config, batches=50),
             }
             if trims
@@ -386,7 +386,7 @@ def _input_pairs(ours: Any, memory: Any, sizes: Sizes) -> dict[str, list[float]]
 def measure_input_pairs(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
     """Input efficiency's pairs alone, on a model and input pipelines of this process's own
     (one of ``Sizes.tabular_input_processes``): the same contenders and warm-up as
-    :func:`_trainer_model`'s, without the other contenders."""
+    :func:`trainer_model`'s, without the other contenders."""
     from fullthrottle.bench.trainer import OurLoop
 
     started = time.perf_counter()
@@ -430,7 +430,7 @@ def measure_input_runs(
 
 
 def pool_input_runs(entry: dict[str, Any], runs: list[dict[str, list[float]]]) -> dict[str, Any]:
-    """Input efficiency over the model process's pairs (``entry``, a `_ratio_entry` of ours vs
+    """Input efficiency over the model process's pairs (``entry``, a `ratio_entry` of ours vs
     in-memory) and those of ``runs`` (other processes' samples): the ratio over all pairs, and
     each process's own paired median and interval under ``runs``."""
     own = {key: list(entry[key]["values"]) for key in ("ours", "ours_in_memory")}
@@ -440,7 +440,7 @@ def pool_input_runs(entry: dict[str, Any], runs: list[dict[str, list[float]]]) -
     if runs:
         pairs["side_by_side_per_more_process"] = len(runs[0]["ours"])
     return {
-        **_ratio_entry(pooled, "ours", "ours_in_memory"),
+        **ratio_entry(pooled, "ours", "ours_in_memory"),
         "pairs": pairs,
         "runs": [
             {
@@ -457,14 +457,14 @@ def pool_input_runs(entry: dict[str, Any], runs: list[dict[str, list[float]]]) -
 
 
 def measure_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) -> dict[str, Any]:
-    """One model's trainer benchmarks (``_trainer_model``) and its reader vs tfx_bsl."""
+    """One model's trainer benchmarks (``trainer_model``) and its reader vs tfx_bsl."""
     from fullthrottle.bench.trainer import reader_rates
 
-    entry = _trainer_model(data, config, sizes, window, name)
+    entry = trainer_model(data, config, sizes, window, name)
     started = time.perf_counter()
     samples = reader_rates(data, config, batches=sizes.reader_batches, repeats=sizes.repeats)
     entry["phase_seconds"]["reader"] = time.perf_counter() - started
-    reader = _ratio_entry(samples, "ours", "tfx_bsl")
+    reader = ratio_entry(samples, "ours", "tfx_bsl")
     reader["headroom_vs_training"] = (
         reader["ours"]["median"] / entry["vs_tfx_example"]["ours"]["median"]
     )
@@ -591,7 +591,7 @@ def bench_tracking(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None) ->
     uri = f"sqlite:///{work / 'mlflow' / 'mlflow.db'}"
     (work / "mlflow").mkdir(parents=True, exist_ok=True)
     measured = tracking_rates(data, config, tracking_uri=uri, repeats=sizes.tracking_repeats)
-    entry = _ratio_entry(measured["samples"], "on", "off")
+    entry = ratio_entry(measured["samples"], "on", "off")
     entry["train_reported_examples_per_second"] = measured["train_reported_examples_per_second"]
     entry["train_steps"] = config.train_steps
     # Tracking's own CPU seconds over the same window, per part, as a share of its wall time:
@@ -624,7 +624,7 @@ def bench_checkpoints(work: Path, sizes: Sizes, pipeline: dict[str, Any] | None)
     data = training_data_from_run(str(_tabular_mlmd(work, pipeline)), DataSpec(), name="tabular")
     config = dataclasses.replace(TABULAR_TRAINING, train_steps=sizes.checkpoint_train_steps)
     measured = checkpoint_rates(data, config, repeats=sizes.checkpoint_repeats)
-    entry = _ratio_entry(measured["samples"], "traced", "eager")
+    entry = ratio_entry(measured["samples"], "traced", "eager")
     entry["train_steps"] = config.train_steps
     entry["checkpoint_every_steps"] = config.checkpoint_every_steps
     entry["saves"] = measured["saves"]  # as train() reported them: {"traced": ["traced"], ...}

@@ -134,9 +134,7 @@ def test_ld_library_path_comes_before_the_loader_cache(tmp_path):
     # LD_LIBRARY_PATH before its cache, so the plan does too.
     for name in ("libcuda.so.1", "libnvidia-ml.so.1", "libcudart.so.12"):
         (tmp_path / name).write_bytes(b"")
-    decisions = plan(
-        HOST_LDCONFIG, DRIVER_DEV, ld_library_path=f"/nonexistent:{tmp_path}"
-    )
+    decisions = plan(HOST_LDCONFIG, DRIVER_DEV, ld_library_path=f"/nonexistent:{tmp_path}")
     assert libs(decisions) == {
         "libcuda.so.1": str(tmp_path / "libcuda.so.1"),
         "libnvidia-ml.so.1": str(tmp_path / "libnvidia-ml.so.1"),

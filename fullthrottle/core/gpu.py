@@ -68,7 +68,7 @@ def what_to_do_without_gpu() -> str:
     if os.environ.get("FULLTHROTTLE_ENV_DIR"):
         advice += (
             "; bin/envrun hands the host's driver to the environment when `ldconfig -p` lists "
-            "libcuda.so.1 and /dev/nvidia0 exists, and says so on every command"
+            "libcuda.so.1 and /dev/nvidia0 exists, and then names the GPUs before each command"
         )
     return advice + "."
 

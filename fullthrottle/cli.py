@@ -29,6 +29,7 @@ COMMANDS = (
     "compile",
     "submit",
     "bench",
+    "gpu_check",
 )
 
 

@@ -440,6 +440,9 @@ class KubeflowConfig:
     image: str = (
         "fullthrottle:0.1.0"  # the image built from the repo's Dockerfile, pushed somewhere
     )
+    # Image of the steps that request no accelerator (the Dockerfile's smaller `cpu` target);
+    # None: they run `image` too. Steps with a GPU and TFJob replicas always run `image`.
+    cpu_image: str | None = None
     pipeline_root: str = "/mnt/fullthrottle/pipeline_root"  # the pipeline name is appended
     input_base: str = "/mnt/fullthrottle/data"  # folder of input files, staged as `run` stages them
     serving_dir: str = "/mnt/fullthrottle/serving"  # the model name is appended
@@ -458,6 +461,12 @@ class KubeflowConfig:
     def __post_init__(self) -> None:
         if not self.image or any(c.isspace() for c in self.image):
             raise ConfigError(f"`image` must be a container image reference, got {self.image!r}")
+        if self.cpu_image is not None and (
+            not self.cpu_image or any(c.isspace() for c in self.cpu_image)
+        ):
+            raise ConfigError(
+                f"`cpu_image` must be a container image reference, got {self.cpu_image!r}"
+            )
         for name in ("pipeline_root", "input_base", "serving_dir"):
             if not getattr(self, name):
                 raise ConfigError(

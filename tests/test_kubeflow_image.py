@@ -98,8 +98,7 @@ def test_two_final_images_gpu_by_default_both_non_root_and_without_a_compiler():
 
 def test_installs_exactly_the_lock_and_the_project_without_resolving():
     pip_installs = {
-        stage: [c for c in _commands(stage) if re.search(r"\bpip install\b", c)]
-        for stage in STAGES
+        stage: [c for c in _commands(stage) if re.search(r"\bpip install\b", c)] for stage in STAGES
     }
     # The build stage installs the lock, and only the lock.
     (lock_install,) = pip_installs["venv"]
@@ -125,12 +124,15 @@ def test_the_gpu_image_has_the_cuda_wheels_and_the_cpu_image_drops_exactly_those
     assert STAGES["venv-cpu"]["base"] == "venv"
     (uninstall,) = [c for c in _commands("venv-cpu") if "pip uninstall" in c]
     # Run the stage's own selection of packages against the lock, as the build would.
-    selection = re.search(r"\$\((.*)\)", uninstall).group(1).replace(
-        "/opt/requirements.lock", str(REPO / "requirements.lock")
+    selection = (
+        re.search(r"\$\((.*)\)", uninstall)
+        .group(1)
+        .replace("/opt/requirements.lock", str(REPO / "requirements.lock"))
     )
     dropped = set(
-        subprocess.run(["bash", "-c", selection], capture_output=True, text=True, check=True)
-        .stdout.split()
+        subprocess.run(
+            ["bash", "-c", selection], capture_output=True, text=True, check=True
+        ).stdout.split()
     )
     pins = _lock_pins()
     cuda_wheels = {name for name in pins if name.startswith("nvidia-") and name.endswith("-cu12")}

@@ -255,7 +255,7 @@ def report(results: dict[str, Any]) -> str:
     model = results["model"]
     ceiling = results["matmul_ceiling"]
     lines = [
-        f"fullthrottle gpu-check on {where}",
+        f"fullthrottle gpu-check: on {where}",
         f"  TensorFlow {results['tensorflow']}, built for CUDA {results['cuda_build']}, "
         f"cuDNN {results['cudnn_build']}",
         f"  Transformer: {model['layers']} layers, d_model {model['d_model']}, "

@@ -3,7 +3,7 @@
 ENVRUN := bin/envrun
 PYTEST_ARGS ?=
 
-.PHONY: run test bench lint lock env
+.PHONY: run test bench gpu-check lint lock env
 
 run:  ## the main job: the whole pipeline on the bundled Palmer Penguins data
 	$(ENVRUN) fullthrottle run $(ARGS)
@@ -13,6 +13,9 @@ test:  ## the whole test suite
 
 bench:  ## the benchmark suite; `make bench QUICK=1` for the < 5 minute version
 	$(ENVRUN) fullthrottle bench $(if $(QUICK),--quick) $(ARGS)
+
+gpu-check:  ## on a machine with NVIDIA GPUs: train on them, print examples/s, MFU, input wait
+	$(ENVRUN) fullthrottle gpu-check $(ARGS)
 
 lint:  ## ruff (lint + format) and the import contracts of docs/architecture.md
 	$(ENVRUN) ruff check .

@@ -62,10 +62,12 @@ def tfjob_settings(config: Any) -> dict[str, Any]:
     kf = config.kubeflow
     tfjob = kf.tfjob
     resources = tfjob.resources.over(kf.resources.for_step("trainer"))
+    # Replicas with GPUs run the GPU-capable image; CPU-only ones the smaller one if set.
+    with_gpu = bool(resources.accelerator_type and resources.accelerator_count)
     return {
         "pipeline_name": config.pipeline_name,
         "workers": tfjob.workers,
-        "image": tfjob.image or kf.image,
+        "image": tfjob.image or (kf.image if with_gpu else kf.cpu_image or kf.image),
         "namespace": kf.namespace,
         "resources": dataclasses.asdict(resources),
         "timeout_minutes": tfjob.timeout_minutes,

@@ -30,6 +30,7 @@ COMMANDS = (
     "compile",
     "submit",
     "bench",
+    "gpu_check",
 )
 
 

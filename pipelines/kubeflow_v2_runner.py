@@ -136,11 +136,13 @@ def compile_pipeline(config: Config) -> dict[str, Any]:
         ),
     )
     job = runner.run(pipeline, write_out=False)
+    resources = {
+        component.id: step_resources(config, component) for component in pipeline.components
+    }
     job["pipelineSpec"] = apply_step_settings(
         job["pipelineSpec"],
-        resources={
-            component.id: step_resources(config, component) for component in pipeline.components
-        },
+        resources=resources,
+        images={name: image_for(config, step) for name, step in resources.items()},
         enable_cache=caching_enabled(config),
         beam_args=config.kubeflow.beam_args,
         beam_tasks={component.id for component in pipeline.components if uses_beam(component)},
@@ -160,6 +162,19 @@ def step_of(component: Any) -> str:
         or STEP_OF_COMPONENT.get(type(component).__name__)
         or "default"
     )
+
+
+def wants_accelerator(resources: StepResources) -> bool:
+    return bool(resources.accelerator_type and resources.accelerator_count)
+
+
+def image_for(config: Config, resources: StepResources) -> str:
+    """The GPU-capable `kubeflow.image` for a container that asks for an accelerator; the
+    smaller `kubeflow.cpu_image`, when set, for the others (the Dockerfile's two targets)."""
+    kf = config.kubeflow
+    if wants_accelerator(resources):
+        return kf.image
+    return kf.cpu_image or kf.image
 
 
 def step_resources(config: Config, component: Any) -> StepResources:
@@ -238,12 +253,14 @@ def apply_step_settings(
     *,
     resources: Mapping[str, StepResources],
     enable_cache: bool,
+    images: Mapping[str, str] | None = None,
     beam_args: Sequence[str] = (),
     beam_tasks: Collection[str] = (),
 ) -> dict[str, Any]:
-    """Returns the spec with each task's container `resources` replaced by `resources[task]`,
-    every task's caching flag set explicitly, and the Beam args (which TFX appends to every
-    step) kept only on the steps in `beam_tasks`. Refuses a task it has no resources for."""
+    """Returns the spec with each task's container `resources` replaced by `resources[task]`
+    (and its image by `images[task]`, when given), every task's caching flag set explicitly,
+    and the Beam args (which TFX appends to every step) kept only on the steps in
+    `beam_tasks`. Refuses a task it has no resources for."""
     from google.protobuf import json_format
 
     spec = json_format.ParseDict(pipeline_spec, pipeline_spec_pb2.PipelineSpec())
@@ -264,6 +281,8 @@ def apply_step_settings(
                 f"no resources known for Kubeflow step {name!r}; add it to STEP_OF_COMPONENT"
             )
         executor.container.resources.CopyFrom(resource_spec(resources[name]))
+        if images is not None:
+            executor.container.image = images[name]
         if beam_args and name not in beam_tasks:
             _drop_suffix(executor.container.args, beam_args)
             if executor.container.HasField("lifecycle"):

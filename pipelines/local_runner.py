@@ -7,13 +7,16 @@ from ML Metadata. It contains no training or data logic.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 
 from tfx import v1 as tfx
 
 from fullthrottle.core.config import BeamConfig, Config
+from fullthrottle.core.gpu import GpuInfo, device_summary, visible_gpus
 from fullthrottle.core.scratch import scratch_tempdir
 from pipelines.pipeline import create_pipeline
+from trainer_module.training import TrainingConfig
 
 
 def beam_pipeline_args(beam: BeamConfig) -> list[str]:
@@ -64,6 +67,42 @@ def build_local_pipeline(
     )
 
 
+def configure_devices(training: TrainingConfig) -> list[GpuInfo]:
+    """Sets this process's TensorFlow devices up for the Trainer, before any component runs.
+
+    TensorFlow fixes its devices the first time it uses one, and LocalDagRunner runs every
+    component in this process: StatisticsGen and Transform use TensorFlow long before the
+    Trainer does. So what the Trainer needs from the device list is set here, first: GPU memory
+    growth (the data components and the Trainer share the GPUs instead of the first one taking
+    all their memory) and, for MirroredStrategy without GPUs, `num_logical_cpu_devices` logical
+    CPU devices. Returns the GPUs TensorFlow sees. A process whose TensorFlow is already
+    initialised keeps its devices; the Trainer then refuses a logical-device count it cannot have.
+    """
+    from trainer_module.training.strategy import (
+        cluster_info,
+        enable_gpu_memory_growth,
+        logical_cpu_devices,
+    )
+
+    gpus = visible_gpus()
+    enable_gpu_memory_growth()
+    # Multi-worker collectives must be configured before the runtime starts, by the strategy
+    # itself: creating logical devices here would start it.
+    if (
+        training.num_logical_cpu_devices > 1
+        and training.strategy in ("auto", "mirrored")
+        and cluster_info().num_workers == 1
+    ):
+        logical_cpu_devices(training.num_logical_cpu_devices)
+    return gpus
+
+
 def run_local(config: Config, *, input_base: str) -> None:
     """Runs the whole pipeline; component errors propagate unchanged."""
+    gpus = configure_devices(config.training)
+    print(
+        "fullthrottle: "
+        + device_summary(gpus, logical_cpus=config.training.num_logical_cpu_devices),
+        file=sys.stderr,
+    )
     run_pipeline(build_local_pipeline(config, input_base=input_base))

@@ -16,7 +16,8 @@ from fullthrottle.core.config import StepResources, load_config
 from fullthrottle.core.errors import ConfigError
 from pipelines.kubeflow_v2_runner import ENTRYPOINT, compile_pipeline, iter_tasks, resource_spec
 
-IMAGE = "registry.example.com/team/fullthrottle:1.2.3"
+IMAGE = "registry.example.com/team/fullthrottle:1.2.3"  # the Dockerfile's gpu target
+CPU_IMAGE = "registry.example.com/team/fullthrottle:1.2.3-cpu"  # its cpu target
 FLINK_ARGS = [
     "--runner=FlinkRunner",
     "--flink_master=flink-jobmanager.flink:8081",
@@ -64,6 +65,7 @@ def volume_spec(tmp_path_factory):
         "kubeflow.resources.transform.memory_limit=12Gi",
     ]
     argv = ["compile", "--target", "kubeflow", "-o", str(output), "--image", IMAGE]
+    argv += ["--cpu-image", CPU_IMAGE]
     argv += ["--pipeline-root", "/mnt/pipelines/root", "--no-cache"]
     for item in overrides:
         argv += ["--set", item]
@@ -81,6 +83,7 @@ def tfjob_spec():
             "kubeflow.pipeline_root=gs://team-bucket/pipelines",
             "kubeflow.tfjob.enabled=true",
             "kubeflow.tfjob.workers=3",
+            f"kubeflow.cpu_image={CPU_IMAGE}",
         ],
     )
     job = compile_pipeline(config)
@@ -107,8 +110,22 @@ def test_image_and_command_of_every_step(volume_spec):
     containers = _containers(spec)
     assert set(BEAM_STEPS) | set(NON_BEAM_STEPS) <= set(containers)
     for name, container in containers.items():
-        assert container.image == IMAGE, name
+        # The GPU-capable image where a GPU is requested, the smaller one everywhere else.
+        wants_gpu = container.resources.accelerator.resource_type == "nvidia.com/gpu"
+        assert wants_gpu == (name == "Trainer"), name
+        assert container.image == (IMAGE if wants_gpu else CPU_IMAGE), name
         assert tuple(container.command) == ENTRYPOINT, name
+
+
+def test_without_a_cpu_image_every_step_runs_the_one_image():
+    from pipelines.kubeflow_v2_runner import image_for
+
+    config = load_config(overrides=[f"kubeflow.image={IMAGE}"])
+    resources = config.kubeflow.resources
+    assert image_for(config, resources.for_step("trainer")) == IMAGE
+    assert image_for(config, resources.for_step("transform")) == IMAGE
+    with pytest.raises(ConfigError, match=r"kubeflow\.cpu_image"):
+        load_config(overrides=['kubeflow.cpu_image="two words"'])
 
 
 def test_beam_args_reach_the_data_steps_only(volume_spec):
@@ -208,12 +225,15 @@ def test_tfjob_trainer_step(tfjob_spec):
     trainer = _containers(spec)["Trainer"]
     args = list(trainer.args)
     assert args[args.index("--executor_class_path") + 1] == "components.tfjob_trainer.TFJobExecutor"
-    # The step only waits for the TFJob: no GPU for it; the replicas get the Trainer's resources.
+    # The step only waits for the TFJob: no GPU for it, so the small image; the replicas get
+    # the Trainer's resources (a GPU each) and the GPU-capable image.
     assert not trainer.resources.accelerator.resource_type
+    assert trainer.image == CPU_IMAGE
     custom = json.loads(_exec_property(spec, "Trainer", "custom_config"))
     tfjob = custom["fullthrottle_tfjob"]
     assert tfjob["workers"] == 3
     assert tfjob["resources"]["accelerator_type"] == "nvidia.com/gpu"
+    assert tfjob["resources"]["accelerator_count"] >= 1
     assert tfjob["image"] == load_config().kubeflow.image
     assert custom["training"]["strategy"] == "multi_worker"
 

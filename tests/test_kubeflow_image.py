@@ -1,11 +1,13 @@
 """The Dockerfile cannot be built here (no Docker engine); these checks keep it consistent with
-the lock and with what the compiled spec and the TFJob replicas call."""
+the lock and with what the compiled spec and the TFJob replicas call: two targets from one lock,
+`gpu` (the default, with the CUDA wheels) and `cpu` (without), both non-root and compiler-free."""
 
 from __future__ import annotations
 
 import fnmatch
 import json
 import re
+import subprocess
 from pathlib import Path
 
 from components.tfjob_trainer import WORKER_COMMAND
@@ -29,24 +31,85 @@ def _instructions() -> list[tuple[str, str]]:
     ]
 
 
+def _stages() -> dict[str, dict]:
+    """Each build stage: its base (`FROM x AS name`) and its instructions, in order."""
+    args = {
+        name.split("=", 1)[0]: name.split("=", 1)[1]
+        for kind, name in _instructions()
+        if kind == "ARG" and "=" in name
+    }
+    stages: dict[str, dict] = {}
+    current = None
+    for kind, arguments in _instructions():
+        if kind == "FROM":
+            base, _, name = re.split(r"\s+", arguments.strip(), maxsplit=2)
+            base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base)
+            current = stages[name] = {"base": base, "body": []}
+        elif current is not None:
+            current["body"].append((kind, arguments))
+    return stages
+
+
+STAGES = _stages()
+FINAL = ("cpu", "gpu")
+
+
+def _lineage(stage: str) -> list[str]:
+    """The stage and the stages it is built FROM, nearest first."""
+    chain = [stage]
+    while STAGES[chain[-1]]["base"] in STAGES:
+        chain.append(STAGES[chain[-1]]["base"])
+    return chain
+
+
+def _body(stage: str, kind: str) -> list[str]:
+    return [a for s in _lineage(stage) for k, a in STAGES[s]["body"] if k == kind]
+
+
+def _commands(stage: str) -> list[str]:
+    return [c.strip() for run in _body(stage, "RUN") for c in re.split(r"&&|;", run)]
+
+
+def _lock_pins() -> dict[str, str]:
+    lock = (REPO / "requirements.lock").read_text()
+    return dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+) \\$", lock, re.M))
+
+
 def test_base_is_python_313_on_a_glibc_that_loads_the_locked_wheels():
-    (base,) = [args for name, args in _instructions() if name == "FROM"]
+    bases = {s["base"] for s in STAGES.values() if s["base"] not in STAGES}
     # ml-metadata and TFDV 1.21 ship manylinux_2_39 wheels only: Debian 13 (trixie) has glibc 2.41.
-    assert re.fullmatch(r"python:3\.13(\.\d+)?-(slim-)?trixie", base.strip()), base
+    assert len(bases) == 1, bases
+    assert re.fullmatch(r"python:3\.13(\.\d+)?-(slim-)?trixie", bases.pop())
+
+
+def test_two_final_images_gpu_by_default_both_non_root_and_without_a_compiler():
+    names = list(STAGES)
+    assert names[-1] == "gpu", "`docker build .` must build the GPU-capable image"
+    for stage in FINAL:
+        # Built FROM the bare base, not from the build stage: the compiler stays behind.
+        assert "venv" not in _lineage(stage), _lineage(stage)
+        installs = [c for c in _commands(stage) if "apt-get install" in c]
+        assert not installs, f"{stage} installs system packages: {installs}"
+        users = _body(stage, "USER")
+        assert users and users[-1].strip() not in ("root", "0"), f"{stage} runs as {users}"
+        assert any("useradd" in c and users[-1].strip() in c for c in _commands(stage))
+    assert any("g++" in c for c in _commands("venv")), "the build stage compiles pyfarmhash"
 
 
 def test_installs_exactly_the_lock_and_the_project_without_resolving():
-    runs = " && ".join(args for name, args in _instructions() if name == "RUN")
-    installs = [
-        cmd.strip() for cmd in re.split(r"&&|;", runs) if re.search(r"\bpip install\b", cmd)
-    ]
-    assert len(installs) == 2, installs
-    lock_install, project_install = installs
+    pip_installs = {
+        stage: [c for c in _commands(stage) if re.search(r"\bpip install\b", c)] for stage in STAGES
+    }
+    # The build stage installs the lock, and only the lock.
+    (lock_install,) = pip_installs["venv"]
     assert "--require-hashes" in lock_install and "--no-deps" in lock_install
     assert re.search(r"-r \S*requirements\.lock\b", lock_install)
-    assert "--no-deps" in project_install and "--no-build-isolation" in project_install
-    copies = [args for name, args in _instructions() if name == "COPY"]
-    assert any(args.split()[0] == "requirements.lock" for args in copies)
+    assert any(args.split()[0] == "requirements.lock" for args in _body("venv", "COPY"))
+    # Each final image adds the project, and nothing else, on top of that venv.
+    for stage in FINAL:
+        own = [c for c in pip_installs[stage] if c not in pip_installs["venv"]]
+        (project_install,) = own
+        assert "--no-deps" in project_install and "--no-build-isolation" in project_install
     # The lock itself is complete and hashed: every pinned package carries a hash.
     lock = (REPO / "requirements.lock").read_text()
     pins = re.findall(r"^([A-Za-z0-9_.\-\[\]]+)==\S+ \\\n\s+--hash=sha256:", lock, re.M)
@@ -54,16 +117,53 @@ def test_installs_exactly_the_lock_and_the_project_without_resolving():
     assert "setuptools" in {p.lower() for p in pins}  # no build isolation needs it from the lock
 
 
+def test_the_gpu_image_has_the_cuda_wheels_and_the_cpu_image_drops_exactly_those():
+    copies = {stage: _body(stage, "COPY") for stage in FINAL}
+    assert any(c.startswith("--from=venv /opt/venv") for c in copies["gpu"]), copies["gpu"]
+    assert any(c.startswith("--from=venv-cpu /opt/venv") for c in copies["cpu"]), copies["cpu"]
+    assert STAGES["venv-cpu"]["base"] == "venv"
+    (uninstall,) = [c for c in _commands("venv-cpu") if "pip uninstall" in c]
+    # Run the stage's own selection of packages against the lock, as the build would.
+    selection = (
+        re.search(r"\$\((.*)\)", uninstall)
+        .group(1)
+        .replace("/opt/requirements.lock", str(REPO / "requirements.lock"))
+    )
+    dropped = set(
+        subprocess.run(
+            ["bash", "-c", selection], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    pins = _lock_pins()
+    cuda_wheels = {name for name in pins if name.startswith("nvidia-") and name.endswith("-cu12")}
+    assert dropped == cuda_wheels and len(cuda_wheels) >= 10, dropped ^ cuda_wheels
+    # What the GPU image keeps: TensorFlow's CUDA 12 libraries and NVML for GPU metrics.
+    assert {"nvidia-cudnn-cu12", "nvidia-cublas-cu12", "nvidia-nccl-cu12"} <= cuda_wheels
+    assert "nvidia-ml-py" in pins and "nvidia-ml-py" not in dropped
+    assert "pip check" in " ".join(_commands("venv-cpu"))
+
+
+def test_the_gpu_image_asks_for_the_node_s_driver():
+    env = " ".join(_body("gpu", "ENV"))
+    assert "NVIDIA_VISIBLE_DEVICES=all" in env
+    assert re.search(r"NVIDIA_DRIVER_CAPABILITIES=\S*compute", env)
+    assert re.search(r"NVIDIA_DRIVER_CAPABILITIES=\S*utility", env)  # nvidia-smi, NVML
+    assert "LD_LIBRARY_PATH=/usr/local/nvidia/lib64" in env
+    assert "NVIDIA_" not in " ".join(_body("cpu", "ENV"))
+
+
 def test_entrypoint_is_the_command_of_the_compiled_spec():
-    (entrypoint,) = [args for name, args in _instructions() if name == "ENTRYPOINT"]
-    assert tuple(json.loads(entrypoint)) == ENTRYPOINT
+    for stage in FINAL:
+        entrypoint = _body(stage, "ENTRYPOINT")[0]
+        assert tuple(json.loads(entrypoint)) == ENTRYPOINT, stage
     # TFJob replicas override it with TFX's run_executor, through the same interpreter.
     assert WORKER_COMMAND[:2] == ENTRYPOINT[:2]
 
 
 def test_the_packages_the_spec_names_are_in_the_image():
-    copies = [args.split() for name, args in _instructions() if name == "COPY"]
-    assert any(src == "." for *sources, _ in copies for src in sources), "the repo is not copied"
+    for stage in FINAL:
+        copies = [args.split() for args in _body(stage, "COPY")]
+        assert any(src == "." for *sources, _ in copies for src in sources), f"{stage}: no repo"
     ignored = [
         line.strip()
         for line in (REPO / ".dockerignore").read_text().splitlines()

@@ -28,6 +28,7 @@ from components.tfjob_trainer import (
 )
 from fullthrottle.core.config import load_config
 
+CPU_IMAGE = "registry.example.com/fullthrottle:0.1.0-cpu"
 SCHEMA = json.loads(
     (Path(__file__).resolve().parent.parent / "deploy/kubeflow/tfjob-v1-schema.json").read_text()
 )
@@ -52,14 +53,15 @@ def _artifacts(root: Path):
     return inputs, outputs, exec_properties
 
 
-def _manifest(workers: int, tmp_path: Path) -> dict:
+def _manifest(workers: int, tmp_path: Path, *, gpus_per_replica: int = 4) -> dict:
     config = load_config(
         preset="multi_worker",
         overrides=[
             "kubeflow.tfjob.enabled=true",
             f"kubeflow.tfjob.workers={workers}",
-            "kubeflow.tfjob.resources.accelerator_count=4",
+            f"kubeflow.tfjob.resources.accelerator_count={gpus_per_replica}",
             "kubeflow.namespace=ml-team",
+            f"kubeflow.cpu_image={CPU_IMAGE}",
         ],
     )
     settings = tfjob_settings(config)
@@ -88,6 +90,15 @@ def test_manifest_is_a_valid_tfjob_with_the_chief_counted(workers, tmp_path):
         # Trainer resources from kubeflow.resources.trainer, the accelerator count from tfjob.
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
         assert container["resources"]["requests"] == {"cpu": "4", "memory": "16Gi"}
+
+
+def test_replicas_without_gpus_run_the_cpu_image(tmp_path):
+    manifest = _manifest(2, tmp_path, gpus_per_replica=0)
+    jsonschema.validate(manifest, SCHEMA)
+    for spec in manifest["spec"]["tfReplicaSpecs"].values():
+        (container,) = spec["template"]["spec"]["containers"]
+        assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+        assert container["image"] == CPU_IMAGE
 
 
 def test_every_replica_runs_the_same_trainer_entrypoint(tmp_path):

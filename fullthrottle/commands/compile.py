@@ -29,6 +29,8 @@ def register(sub: Any) -> argparse.ArgumentParser:
         epilog=(
             "Examples:\n"
             "  fullthrottle compile --target kubeflow --image registry.example.com/fullthrottle:0.1.0\n"
+            "  fullthrottle compile --target kubeflow --image registry.example.com/fullthrottle:0.1.0 "
+            "--cpu-image registry.example.com/fullthrottle:0.1.0-cpu\n"
             "  fullthrottle compile --target kubeflow --pipeline-root gs://bucket/root --no-cache\n"
             "  fullthrottle compile --target kubeflow --preset multi_worker --set kubeflow.tfjob.enabled=true\n"
             "See docs/kubeflow.md."
@@ -45,7 +47,15 @@ def register(sub: Any) -> argparse.ArgumentParser:
         default=DEFAULT_OUTPUT,
         help=f"where to write the spec (default: {DEFAULT_OUTPUT})",
     )
-    parser.add_argument("--image", help="shorthand for --set kubeflow.image=IMAGE")
+    parser.add_argument(
+        "--image",
+        help="shorthand for --set kubeflow.image=IMAGE: the GPU-capable image (Dockerfile target gpu)",
+    )
+    parser.add_argument(
+        "--cpu-image",
+        help="shorthand for --set kubeflow.cpu_image=IMAGE: the image of steps without a GPU "
+        "(Dockerfile target cpu; default: --image)",
+    )
     parser.add_argument("--pipeline-root", help="shorthand for --set kubeflow.pipeline_root=URI")
     cache = parser.add_mutually_exclusive_group()
     cache.add_argument(
@@ -61,6 +71,8 @@ def register(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     if args.image:
         args.overrides.append(f"kubeflow.image={json.dumps(args.image)}")
+    if args.cpu_image:
+        args.overrides.append(f"kubeflow.cpu_image={json.dumps(args.cpu_image)}")
     if args.pipeline_root:
         args.overrides.append(f"kubeflow.pipeline_root={json.dumps(args.pipeline_root)}")
     if args.cache is not None:
@@ -87,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
         "\n".join(
             [
                 f"fullthrottle: compiled {config.pipeline_name!r} for Kubeflow Pipelines v2 -> {output}",
-                f"  image:         {config.kubeflow.image}",
+                f"  image:         {config.kubeflow.image} (steps with a GPU)",
+                f"  cpu image:     {config.kubeflow.cpu_image or config.kubeflow.image} (steps without)",
                 f"  pipeline root: {paths['pipeline_root']}",
                 f"  input base:    {paths['input_base']}",
                 f"  serving dir:   {paths['serving_dir']}",

@@ -399,6 +399,9 @@ class KubeflowConfig:
     """
 
     image: Image = "fullthrottle:0.1.0"  # the image built from the repo's Dockerfile, pushed
+    # Image of the steps that request no accelerator (the Dockerfile's smaller `cpu` target);
+    # None: they run `image` too. Steps with a GPU and TFJob replicas always run `image`.
+    cpu_image: Image | None = None
     pipeline_root: Location = "/mnt/fullthrottle/pipeline_root"  # the pipeline name is appended
     input_base: Location = "/mnt/fullthrottle/data"  # input files, staged as `run` stages them
     serving_dir: Location = "/mnt/fullthrottle/serving"  # the model name is appended

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from tfx import v1 as tfx
 
 from fullthrottle.core.config import BeamConfig, Config
-from fullthrottle.core.gpu import GpuInfo, device_summary, visible_gpus
 from fullthrottle.core.scratch import scratch_tempdir
 from pipelines.pipeline import create_pipeline
 from trainer_module.training import TrainingConfig
+from trainer_module.training.hardware import TensorFlowGpu, device_summary, tensorflow_gpus
 
 
 def beam_pipeline_args(beam: BeamConfig) -> list[str]:
@@ -67,7 +67,7 @@ def build_local_pipeline(
     )
 
 
-def configure_devices(training: TrainingConfig) -> list[GpuInfo]:
+def configure_devices(training: TrainingConfig) -> list[TensorFlowGpu]:
     """Sets this process's TensorFlow devices up for the Trainer, before any component runs.
 
     TensorFlow fixes its devices the first time it uses one, and LocalDagRunner runs every
@@ -84,7 +84,7 @@ def configure_devices(training: TrainingConfig) -> list[GpuInfo]:
         logical_cpu_devices,
     )
 
-    gpus = visible_gpus()
+    gpus = tensorflow_gpus()
     enable_gpu_memory_growth()
     # Multi-worker collectives must be configured before the runtime starts, by the strategy
     # itself: creating logical devices here would start it.

@@ -10,7 +10,6 @@ import tensorflow as tf
 
 from fullthrottle.commands.doctor import cpu_facts
 from tests.helpers import run_cli
-from trainer_module.training.hardware import driver_too_old
 
 
 def _cpuinfo_flags() -> set[str]:
@@ -96,10 +95,3 @@ def test_cpu_without_bf16_flags_is_reported_as_no_native_bf16(tmp_path):
         "amx_bf16",
     ]
     assert facts["amx"] is True
-
-
-def test_driver_age_check_follows_the_cuda_major_version():
-    assert driver_too_old("470.82.01", "12.5.1") == "525.60"
-    assert driver_too_old("535.104.05", "12.5.1") is None
-    assert driver_too_old("535.104.05", "13.0") == "580.0"
-    assert driver_too_old("garbled", "12.5.1") is None

@@ -10,6 +10,7 @@ an error. It never builds a multi-worker strategy (that would wait for the other
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -136,7 +137,8 @@ def auto_choices(config: Any) -> dict[str, Any]:
 def warnings_for(report: dict[str, Any]) -> list[str]:
     """Known pitfalls, each with what to do."""
     found = []
-    tf_facts, smi, cpu = report["tensorflow"], report["nvidia_smi_gpus"], report["cpu"]
+    tf_facts, driver, cpu = report["tensorflow"], report["driver"], report["cpu"]
+    smi = driver["gpus"]
     if smi and not tf_facts["gpus"]:
         why = (
             "this TensorFlow is not a CUDA build"
@@ -144,15 +146,14 @@ def warnings_for(report: dict[str, Any]) -> list[str]:
             else "the CUDA/cuDNN libraries it needs are probably missing (pip install 'tensorflow[and-cuda]')"
         )
         found.append(
-            f"nvidia-smi sees {len(smi)} GPU(s) but TensorFlow sees none: {why}; training runs on the CPU"
+            f"the driver sees {len(smi)} GPU(s) but TensorFlow sees none: {why}; training runs on the CPU"
         )
-    for gpu in smi:
-        need = hardware.driver_too_old(gpu["driver"], tf_facts["cuda_version"])
-        if need:
-            found.append(
-                f"GPU {gpu['index']} driver {gpu['driver']} is older than {need}, the minimum for CUDA "
-                f"{tf_facts['cuda_version']} that TensorFlow was built with: update the NVIDIA driver"
-            )
+    need = hardware.driver_too_old(driver["driver_version"] or "", tf_facts["cuda_version"])
+    if need:
+        found.append(
+            f"driver {driver['driver_version']} is older than {need}, the minimum for CUDA "
+            f"{tf_facts['cuda_version']} that TensorFlow was built with: update the NVIDIA driver"
+        )
     if tf_facts["gpus"] and os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").lower() == "false":
         found.append(
             "TF_FORCE_GPU_ALLOW_GROWTH=false: memory growth is off, so TensorFlow takes all GPU memory "
@@ -182,7 +183,7 @@ def warnings_for(report: dict[str, Any]) -> list[str]:
 def collect(config: Any) -> dict[str, Any]:
     cpu = cpu_facts()
     tf_facts = tensorflow_facts()
-    smi = hardware.smi_gpus()
+    nvml = hardware.nvml_facts()
     report = {
         "versions": {
             "Python": platform.python_version(),
@@ -192,8 +193,8 @@ def collect(config: Any) -> dict[str, Any]:
         "cpu": cpu,
         "memory_gib": memory_gib(),
         "tensorflow": tf_facts,
-        "nvidia_smi_gpus": smi,
-        "interconnect": hardware.interconnect(max(len(smi), len(tf_facts["gpus"]))),
+        "driver": dataclasses.asdict(nvml),
+        "interconnect": hardware.interconnect_summary(hardware.gpu_links(nvml)),
         "nccl": hardware.nccl(),
         "memory_growth": {
             "TF_FORCE_GPU_ALLOW_GROWTH": os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH"),
@@ -228,7 +229,8 @@ def render(report: dict[str, Any]) -> str:
     lines.append(f"  native bf16    {bf16}")
     lines.append(f"  AMX            {yes[cpu['amx']]}")
     lines += ["", "GPUs"]
-    if not tf_facts["gpus"] and not report["nvidia_smi_gpus"]:
+    driver = report["driver"]
+    if not tf_facts["gpus"] and not driver["gpus"]:
         lines.append(
             "  none visible (no NVIDIA driver / nvidia-smi, or no GPU): training runs on the CPU"
         )
@@ -236,10 +238,10 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"  TensorFlow     {gpu['name']}: {gpu['device_name']}, compute capability {gpu['compute_capability']}"
         )
-    for gpu in report["nvidia_smi_gpus"]:
+    for gpu in driver["gpus"]:
         lines.append(
-            f"  nvidia-smi     GPU {gpu['index']}: {gpu['name']}, {gpu['memory_mib']} MiB, "
-            f"driver {gpu['driver']}, compute capability {gpu['compute_capability']}"
+            f"  NVML           GPU {gpu['index']}: {gpu['name']}, {gpu['memory_mib']} MiB, "
+            f"driver {driver['driver_version']}, compute capability {gpu['compute_capability']}"
         )
     if report["interconnect"]:
         lines.append(

@@ -74,12 +74,12 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 2:
             flag = "--" + name.replace("_", "-")
             raise GpuCheckError(f"`{flag}` must be >= 2, got {getattr(args, name)}")
-    from fullthrottle.core.gpu import no_gpu_reason, visible_gpus, what_to_do_without_gpu
+    from trainer_module.training.hardware import tensorflow_gpus, what_to_do_without_gpu, why_no_gpu
 
-    gpus = visible_gpus()  # before any op: devices can still be configured
+    gpus = tensorflow_gpus()  # before any op: devices can still be configured
     if not gpus and not args.allow_cpu:
         raise GpuCheckError(
-            f"TensorFlow sees no GPU, so there is nothing to check: {no_gpu_reason()}. "
+            f"TensorFlow sees no GPU, so there is nothing to check: {why_no_gpu()}. "
             f"{what_to_do_without_gpu()} (`fullthrottle gpu-check --allow-cpu` runs the check "
             "itself on the CPU.)"
         )
@@ -189,7 +189,7 @@ def check(
     return {
         "device": "cpu" if on_cpu else "gpu",
         "gpus": [
-            {"name": g.name, "model": g.model, "compute_capability": g.compute_capability}
+            {"name": g.name, "model": g.device_name, "compute_capability": g.compute_capability}
             for g in gpus
         ],
         "tensorflow": tf.__version__,

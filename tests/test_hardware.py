@@ -172,6 +172,12 @@ def test_kernel_support_follows_the_build_s_capability_list(capability, support)
     assert kernel_support(capability, TF_2_21_CAPABILITIES) == support
 
 
+def test_the_lowest_capability_of_a_build():
+    assert hardware.lowest_capability(TF_2_21_CAPABILITIES) == (6, 0)
+    assert hardware.lowest_capability(["compute_90"]) == (9, 0)
+    assert hardware.lowest_capability([]) is None
+
+
 def test_driver_cuda_levels():
     assert hardware.cuda_level(12040) == "12.4" and hardware.cuda_level(13000) == "13.0"
     assert hardware.cuda_level_below("12.2", "12.5.1")

@@ -176,17 +176,29 @@ def tensorflow_build() -> dict[str, Any]:
     }
 
 
-def kernel_support(capability: tuple[int, int], build_capabilities: Sequence[str]) -> str:
-    """How this TensorFlow build runs its kernels on a GPU of ``capability``, from the build's
-    list (``sm_80`` = machine code for 8.x GPUs from 8.0 on, ``compute_90`` = PTX for 9.0 and
-    newer): "native" (machine code), "ptx" (the driver compiles the PTX at the first start) or
-    "none" (TensorFlow ignores the GPU)."""
+def _build_capabilities(build_capabilities: Sequence[str]) -> tuple[list, list]:
+    """(machine-code, PTX) capabilities of a build's list ("sm_80", "compute_90")."""
     machine_code, ptx = [], []
     for entry in build_capabilities:
         kind, _, digits = entry.partition("_")
         if len(digits) >= 2 and digits.isdigit():
             version = (int(digits[:-1]), int(digits[-1]))
             (machine_code if kind == "sm" else ptx).append(version)
+    return machine_code, ptx
+
+
+def lowest_capability(build_capabilities: Sequence[str]) -> tuple[int, int] | None:
+    """The oldest GPU (compute capability) the build has kernels for."""
+    machine_code, ptx = _build_capabilities(build_capabilities)
+    return min(machine_code + ptx, default=None)
+
+
+def kernel_support(capability: tuple[int, int], build_capabilities: Sequence[str]) -> str:
+    """How this TensorFlow build runs its kernels on a GPU of ``capability``, from the build's
+    list (``sm_80`` = machine code for 8.x GPUs from 8.0 on, ``compute_90`` = PTX for 9.0 and
+    newer): "native" (machine code), "ptx" (the driver compiles the PTX at the first start) or
+    "none" (TensorFlow ignores the GPU)."""
+    machine_code, ptx = _build_capabilities(build_capabilities)
     if any(major == capability[0] and minor <= capability[1] for major, minor in machine_code):
         return "native"
     if any(version <= capability for version in ptx):

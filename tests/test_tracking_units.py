@@ -222,6 +222,10 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
     assert rates[40] == pytest.approx(1025.0) and rates[250] == pytest.approx(1245.0)
     step_time = client.get_metric_history(run_id, "step_time")
     assert {round(m.value, 6) for m in step_time} == {0.03}
+    # System metrics are off in this link, and the run says so instead of a GPU reason.
+    assert client.get_run(run_id).data.tags["fullthrottle.gpu_metrics"] == (
+        "off: tracking.system_metrics_interval_seconds is 0"
+    )
     # Its own CPU time: the hook's work after each loop and the sender's requests were counted.
     assert second.cpu.totals["hook"] > 0 and second.cpu.totals["sender"] > 0
     assert second.cpu.totals["system"] == 0  # system metrics are off in this link
@@ -248,3 +252,65 @@ def test_cpu_meter_counts_a_hook_blocked_on_io_in_the_direct_cost_not_in_cpu():
     assert span["hook_wall"] >= 0.2
     assert span["hook"] < 0.05
     assert span["direct_fraction"] >= 0.2 / span["wall_seconds"] > 10 * span["fraction"]
+
+
+def test_without_a_gpu_the_trainer_run_says_why_and_cpu_and_memory_metrics_still_arrive(
+    tmp_path, caplog
+):
+    import logging
+    from types import SimpleNamespace
+
+    import tensorflow as tf
+
+    from fullthrottle.bench.tracked import link_for_new_run
+    from fullthrottle.tracking.hook import GPU_METRICS_TAG, MlflowTrainingHook
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    link = dataclasses.replace(
+        link_for_new_run(uri, status_dir=str(tmp_path), system_metrics_interval_seconds=0.2),
+        metrics_interval_seconds=0.0,
+        metrics_resolution_seconds=0.0,
+    )
+    facts = RunFacts(
+        strategy_name="OneDeviceStrategy", num_replicas=1, num_workers=1, global_batch_size=64,
+        per_replica_batch_size=64, gradient_accumulation_steps=1, learning_rate=0.001,
+        precision_policy="float32", precision_reason="set in config", model_kind="tabular",
+        parameters=100, start_step=0, train_steps=30, input_cached=True,
+        input_cache_reason="set in config", checkpoint_saves="traced", work_dir=str(tmp_path / "w"),
+    )  # fmt: skip
+    hook = MlflowTrainingHook(link)
+    caplog.set_level(logging.INFO, logger="fullthrottle.tracking")
+    hook.on_train_begin(facts)
+    for step in (10, 20, 30):
+        time.sleep(0.3)  # the sampler takes a point every 0.2 s
+        hook.on_loop_end(step, {"loss": 1.0 / step, "steps": 10, "wall_time": 0.3})
+        hook.on_checkpoint(step, f"ckpt-{step}")
+    hook.on_train_end(
+        SimpleNamespace(
+            steps_completed=30,
+            eval_metrics={},
+            examples_per_second=1.0,
+            input_wait_fraction=0.0,
+            loss_scale_skipped_steps=0,
+        )  # fmt: skip
+    )
+    run = hook.channel.client.get_run(hook.run_id)
+    said = [r.getMessage() for r in caplog.records if "GPU metrics" in r.getMessage()]
+    if tf.config.list_physical_devices("GPU"):  # a GPU machine: its metrics are there
+        assert run.data.tags[GPU_METRICS_TAG].endswith("GPU(s): utilization, memory used, power")
+        assert "system/gpu_0_utilization_percentage" in run.data.metrics
+        assert "system/gpu_0_memory_usage_megabytes" in run.data.metrics
+        assert said == []
+    else:
+        # Why there are none, once, on the run and in the log; NVML's own words say no driver.
+        tag = run.data.tags[GPU_METRICS_TAG]
+        assert tag.startswith("unavailable: ") and "NVML Shared Library Not Found" in tag, tag
+        assert said == [f"no GPU metrics in MLflow: {tag}"]
+        assert not [k for k in run.data.metrics if k.startswith("system/gpu")]
+    # CPU and memory are sampled all the same, at training steps, beside the training metrics.
+    client = hook.channel.client
+    for key in ("system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"):
+        history = client.get_metric_history(hook.run_id, key)
+        assert len(history) >= 2 and {m.step for m in history} <= {0, 10, 20, 30}, key
+    assert [m.step for m in client.get_metric_history(hook.run_id, "loss")] == [10, 20, 30]
+    assert run.info.status == "FINISHED"

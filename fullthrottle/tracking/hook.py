@@ -43,13 +43,14 @@ from mlflow.entities import Metric, Param, RunTag
 from fullthrottle.core.redact import redact_value
 from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.store import TrainerLink
-from trainer_module.training import RunFacts, TrainingHook, metrics
+from trainer_module.training import RunFacts, TrainingHook, hardware, metrics
 
 _log = logging.getLogger("fullthrottle.tracking")
 
 JOURNAL = "mlflow_journal.jsonl"
 COMPONENT_TAG = "fullthrottle.component"
 TRAINING_KEY_TAG = "fullthrottle.training_key"
+GPU_METRICS_TAG = "fullthrottle.gpu_metrics"
 
 
 def _now_ms() -> int:
@@ -219,12 +220,20 @@ class SystemSampler:
         from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
 
         self._monitors = [CPUMonitor()]
+        # What is sampled of the GPUs, or why nothing is: the hook says it once (a log line and
+        # the Trainer run's `fullthrottle.gpu_metrics` tag).
         try:
             from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
 
-            self._monitors.append(GPUMonitor())
-        except Exception:  # noqa: BLE001 - no pynvml or no NVIDIA driver: no GPU metrics, by design
-            pass
+            gpu = GPUMonitor()
+        except Exception as exc:  # noqa: BLE001 - no pynvml or no NVIDIA driver: no GPU metrics
+            self.gpu_metrics = f"unavailable: {exc}"
+        else:
+            if gpu.num_gpus:
+                self._monitors.append(gpu)
+                self.gpu_metrics = f"{gpu.num_gpus} GPU(s): utilization, memory used, power"
+            else:
+                self.gpu_metrics = "unavailable: NVML sees no GPU"
         self._sender, self._run_id, self._interval, self._step_source = (
             sender,
             run_id,
@@ -334,6 +343,7 @@ class MlflowTrainingHook(TrainingHook):
                     cpu=self.cpu,
                 )
                 self._sampler.start()
+            self._say_gpu_metrics()
         self._write_status()
 
     def on_loop_end(self, step: int, record: dict[str, Any]) -> None:
@@ -513,6 +523,25 @@ class MlflowTrainingHook(TrainingHook):
             self.link.parent_run_id,
             params=parent_params,
             tags=[RunTag("fullthrottle.strategy", facts.strategy_name)],
+        )
+
+    def _say_gpu_metrics(self) -> None:
+        """Says once what is sampled of the GPUs or why nothing is: a tag on the Trainer run and a
+        log line (a warning when TensorFlow trains on GPUs that get no metrics)."""
+        if self._sampler is not None:
+            status = self._sampler.gpu_metrics
+        else:
+            status = "off: tracking.system_metrics_interval_seconds is 0"
+        if self._sampler is None or not self._sampler.has_gpu:
+            level = logging.WARNING if hardware.tensorflow_gpus() else logging.INFO
+            _log.log(level, "no GPU metrics in MLflow: %s", status)
+        assert self.run_id is not None
+        self.channel.ok(
+            "tag the Trainer run's GPU metrics",
+            self.channel.client.set_tag,
+            self.run_id,
+            GPU_METRICS_TAG,
+            status[:5000],
         )
 
     def _write_status(self) -> None:

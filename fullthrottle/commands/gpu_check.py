@@ -171,21 +171,22 @@ def check(
             runs.append(
                 {
                     "run": label,
-                    "strategy": result.strategy_name,
-                    "replicas": int(result.num_replicas),
+                    "strategy": result.facts.strategy_name,
+                    "replicas": int(result.facts.num_replicas),
                     "steps": int(result.steps_completed),
-                    "global_batch_size": int(result.global_batch_size),
+                    "global_batch_size": int(result.facts.global_batch_size),
                     "examples_per_second": examples_per_second,
                     "mfu": examples_per_second
                     * flops_per_example
-                    / (ceiling_flops * result.num_replicas),
+                    / (ceiling_flops * result.facts.num_replicas),
                     "input_wait_fraction": float(result.input_wait_fraction),
                     "loss_scale_skipped_steps": int(result.loss_scale_skipped_steps),
                     "final_loss": float(result.final_loss),
-                    "precision": result.precision_policy,
+                    "precision": result.facts.precision_policy,
                 }
             )
     build = tf.sysconfig.get_build_info()
+    transformer = base.model_options("transformer")
     return {
         "device": "cpu" if on_cpu else "gpu",
         "gpus": [
@@ -196,10 +197,10 @@ def check(
         "cuda_build": build.get("cuda_version"),
         "cudnn_build": build.get("cudnn_version"),
         "model": {
-            "layers": base.transformer_layers,
-            "d_model": base.transformer_d_model,
-            "heads": base.transformer_heads,
-            "ffn": base.transformer_ffn_dim,
+            "layers": transformer.layers,
+            "d_model": transformer.d_model,
+            "heads": transformer.heads,
+            "ffn": transformer.ffn_dim,
             "sequence_length": sequence_length,
             "per_replica_batch_size": per_replica_batch_size,
             "steps": steps,

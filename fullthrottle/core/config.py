@@ -40,6 +40,7 @@ from pydantic import (
 )
 
 from fullthrottle.core.errors import ConfigError
+from fullthrottle.core.features import check_internal_names
 from trainer_module.training.config import TrainingConfig
 
 BUNDLED_PENGUINS = "palmerpenguins"
@@ -183,6 +184,15 @@ class DataSpec:
             if name == self.label:
                 raise ConfigError(f"the label column {name!r} is also listed as a feature")
             seen.add(name)
+        # Inside the model every column has a TensorFlow/Keras-safe name; no two may share one.
+        check_internal_names(
+            [
+                (self.label, "data.label"),
+                *((name, "data.numeric") for name in self.numeric),
+                *((name, "data.categorical") for name in self.categorical),
+                *((column.name, "data.text") for column in self.text),
+            ]
+        )
 
     @property
     def feature_columns(self) -> tuple[str, ...]:

@@ -165,6 +165,14 @@ class DataSpec:
     text: tuple[TextColumn, ...] = ()
     # Cells equal to one of these are missing values (penguins.csv writes "NA").
     na_values: tuple[str, ...] = ("NA",)
+    # How numbers in `numeric` columns are written: "18,9" needs decimal ",", "1,234.5" needs
+    # thousands ",". Applied when `run` stages a CSV (fullthrottle/core/data_checks.py).
+    decimal: Literal[".", ","] = "."
+    thousands: Literal[",", ".", " ", "'"] | None = None
+    # Label values that differ only in whitespace or case ("Adelie", "Adelie "): "stop" the run
+    # and say where they are, "merge" each group into its most frequent spelling (when `run`
+    # stages a CSV), or "keep" them as different classes.
+    near_duplicate_labels: Literal["stop", "merge", "keep"] = "stop"
     # Hash-bucket split of the input rows, e.g. train 3 : eval 1.
     train_buckets: PositiveInt = 3
     eval_buckets: PositiveInt = 1
@@ -176,6 +184,10 @@ class DataSpec:
             raise ConfigError(
                 "the data spec has no feature columns: list some under `data.numeric`, "
                 "`data.categorical` or `data.text`"
+            )
+        if self.thousands == self.decimal:
+            raise ConfigError(
+                f"must differ from `decimal`, both are {self.decimal!r}", field="thousands"
             )
         seen: set[str] = set()
         for name in self.feature_columns:

@@ -411,6 +411,47 @@ def type_findings(numeric: Iterable[str], types: Mapping[str, str]) -> list[Find
     ]
 
 
+# --- the DataGate: the data as ExampleGen read it ------------------------------------------
+STAGING_NOTE = (
+    "`data.decimal`, `data.thousands`, `data.na_values` and `data.near_duplicate_labels: merge` "
+    "are applied when `fullthrottle run` stages a CSV file; data that reaches ExampleGen another "
+    "way (TFRecords, a Kubeflow input folder) must already be written that way."
+)
+
+
+def gate_findings(
+    *,
+    numeric: Iterable[str],
+    label: str,
+    label_mode: str,
+    cells: Mapping[str, Iterable[tuple[str, str]]],
+    types: Mapping[str, str],
+) -> list[Finding]:
+    """What the DataGate stops on, besides ExampleValidator's anomalies.
+
+    `cells` holds the `(place, cell)` pairs of the numeric and label columns as ExampleGen read
+    them (already staged, for a CSV run locally: plain numbers, missing cells empty); `types`
+    the schema's type per column. A numeric column with a cell that is not a plain number, or
+    typed as text, would fail in Transform; near-duplicate labels would train as extra classes.
+    """
+    findings = []
+    for column in numeric:
+        numbers = inspect_numbers(column, cells.get(column, ()))
+        finding = numbers.finding(
+            where="`data.numeric`",
+            categorical_hint=f"Or, if the column holds categories, list it under "
+            f"`data.categorical`. ({STAGING_NOTE})",
+        )
+        if finding is None:
+            finding = next(iter(type_findings([column], types)), None)
+        if finding is not None:
+            findings.append(finding)
+    labels = inspect_labels(label, cells.get(label, ())).finding(mode=label_mode)
+    if labels is not None:
+        findings.append(labels)
+    return findings
+
+
 def _show(value: str) -> str:
     if len(value) > MAX_VALUE_CHARS:
         return f"{value[:MAX_VALUE_CHARS]!r}... ({len(value)} characters)"

@@ -368,3 +368,56 @@ def prepare_data(config: Config) -> PreparedData:
         return _prepare_tfrecord(spec, files)
     return _prepare_csv(spec, files, config.staged_data_dir)
 
+
+def read_input_cells(
+    input_base: str, *, data_format: str, columns: list[str]
+) -> dict[str, list[tuple[str, str]]]:
+    """`(place, cell)` pairs of `columns` in the data ExampleGen read from `input_base`.
+
+    For the DataGate, on any runner (tf.io.gfile reads local paths and object stores alike).
+    CSV: every file in the folder, its header split as CsvExampleGen splits it (at commas),
+    places "data.csv line 7". TFRecord: every record of every file, places "part-0.gz record 3";
+    numbers are written as text, bytes decoded as UTF-8. A missing cell or feature is "".
+    """
+    import tensorflow as tf
+
+    files = sorted(
+        path
+        for path in tf.io.gfile.glob(os.path.join(input_base, "*"))
+        if not os.path.basename(path).startswith(".") and not tf.io.gfile.isdir(path)
+    )
+    cells: dict[str, list[tuple[str, str]]] = {column: [] for column in columns}
+    for path in files:
+        name = os.path.basename(path)
+        if data_format == "csv":
+            with tf.io.gfile.GFile(path, "r") as f:
+                header = f.readline().rstrip("\r\n").split(",")
+                reader = csv.reader(f)
+                line = 2
+                for row in reader:
+                    if row and any(cell.strip() for cell in row) and len(row) == len(header):
+                        values = dict(zip(header, row, strict=True))
+                        for column in columns:
+                            cells[column].append((f"{name} line {line}", values.get(column, "")))
+                    line = reader.line_num + 2
+            continue
+        with tf.io.gfile.GFile(path, "rb") as f:
+            compression = "GZIP" if f.read(2) == b"\x1f\x8b" else ""
+        dataset = tf.data.TFRecordDataset([path], compression_type=compression)
+        for number, record in enumerate(dataset.as_numpy_iterator(), start=1):
+            features = tf.train.Example.FromString(record).features.feature
+            for column in columns:
+                cells[column].append((f"{name} record {number}", _first_value(features, column)))
+    return cells
+
+
+def _first_value(features: object, column: str) -> str:
+    if column not in features:  # type: ignore[operator]
+        return ""
+    feature = features[column]  # type: ignore[index]
+    kind = feature.WhichOneof("kind")
+    values = list(getattr(feature, kind).value) if kind else []
+    if not values:
+        return ""
+    value = values[0]
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else repr(value)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.core.errors import ConfigError
+from fullthrottle.core.paths import hidden_reason
 
 DEFAULT_OUTPUT = "fullthrottle.yaml"
 DEFAULT_TRAIN_STEPS = 1000
@@ -220,6 +221,9 @@ def run(args: argparse.Namespace) -> int:
     from fullthrottle.core.config import load_config
 
     output = Path(args.output)
+    hidden = hidden_reason(output)
+    if hidden is not None:
+        raise ConfigError(f"--output {output} cannot be written: {hidden}")
     if output.exists() and not args.force:
         raise ConfigError(
             f"{output} already exists; init does not overwrite it. Pass --force to replace it, or "

@@ -75,7 +75,9 @@ def _read(path: str) -> str:
         return sys.stdin.read()
     file = Path(path)
     if not file.is_file():
-        raise DataError(f"{path} does not exist or is not a file")
+        from fullthrottle.core.paths import missing_path_message
+
+        raise DataError(missing_path_message(path, "input file", " or is not a file"))
     return file.read_text(encoding="utf-8")
 
 

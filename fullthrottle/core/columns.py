@@ -40,6 +40,7 @@ from fullthrottle.core.data_checks import (
     looks_continuous,
 )
 from fullthrottle.core.errors import DataError
+from fullthrottle.core.paths import missing_path_message
 
 DEFAULT_SAMPLE_ROWS = 20_000
 # How a number-like column that init listed under `data.numeric` is declared categories instead.
@@ -306,7 +307,9 @@ def _decide(
 
 def _source_files(path: Path) -> tuple[str, list[Path]]:
     if not path.exists():
-        raise DataError(f"data path {path} does not exist; point --data at a CSV file or a folder")
+        raise DataError(
+            missing_path_message(path, "data path", "; point --data at a CSV file or a folder")
+        )
     if path.is_file():
         if _is_tfrecord_file(path):
             raise DataError(

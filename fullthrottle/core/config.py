@@ -41,6 +41,7 @@ from pydantic import (
 
 from fullthrottle.core.errors import ConfigError
 from fullthrottle.core.features import check_internal_names
+from fullthrottle.core.paths import missing_path_message
 from trainer_module.training.config import TrainingConfig
 
 BUNDLED_PENGUINS = "palmerpenguins"
@@ -686,7 +687,7 @@ def load_config(
         path = Path(path)
         if not path.is_file():
             raise ConfigError(
-                f"config file {path} does not exist; create one with `fullthrottle init`"
+                missing_path_message(path, "config file", "; create one with `fullthrottle init`")
             )
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}

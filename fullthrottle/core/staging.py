@@ -30,6 +30,7 @@ from fullthrottle.core.data_checks import (
     type_findings,
 )
 from fullthrottle.core.errors import DataError
+from fullthrottle.core.paths import hidden_reason, missing_path_message
 
 STAGED_CSV = "data.csv"
 CATEGORICAL_HINT = "Or, if the column holds categories, list it under `data.categorical`."
@@ -50,9 +51,15 @@ def source_files(spec: DataSpec) -> list[Path]:
         return [bundled_path(spec.path)]
     path = Path(spec.path)
     if not path.exists():
+        kind = (
+            "CSV file or a folder of CSV files"
+            if spec.format == "csv"
+            else "folder of TFRecord files"
+        )
         raise DataError(
-            f"data path {path} does not exist (config field `data.path`); point it at a "
-            f"{'CSV file or a folder of CSV files' if spec.format == 'csv' else 'folder of TFRecord files'}"
+            missing_path_message(
+                path, "data path", f" (config field `data.path`); point it at a {kind}"
+            )
         )
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
@@ -298,8 +305,12 @@ def _check_schema_file(spec: DataSpec) -> None:
     path = Path(spec.schema_path)
     if not path.is_file():
         raise DataError(
-            f"schema file {path} (config field `data.schema_path`) does not exist; write one with "
-            "`fullthrottle schema --data ... --output schema.pbtxt`"
+            missing_path_message(
+                path,
+                "schema file",
+                " (config field `data.schema_path`); write one with "
+                "`fullthrottle schema --data ... --output schema.pbtxt`",
+            )
         )
     from google.protobuf import text_format
     from tensorflow_metadata.proto.v0 import schema_pb2
@@ -362,6 +373,10 @@ def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
 def prepare_data(config: Config) -> PreparedData:
     """Checks the configured data and stages it for ExampleGen; raises `DataError` when unusable."""
     spec = config.data
+    hidden = hidden_reason(config.output_path)
+    if hidden is not None:
+        # Written inside the userland, the outputs would be lost with it, not on the host.
+        raise DataError(f"the output folder (`output_dir`) cannot be used: {hidden}")
     _check_schema_file(spec)
     files = source_files(spec)
     if spec.format == "tfrecord":

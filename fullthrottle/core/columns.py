@@ -12,7 +12,10 @@ The heuristics, in order (the same text is in docs/own-data.md):
 2. A column with no present value in the sample, or a single distinct value, is dropped with a
    note (there is nothing to learn from it). For the label this is an error.
 3. numeric: every present cell parses as a number (CSV), or the values are float/int lists
-   (TFRecord).
+   (TFRecord). A column of numbers except a few cells, or of numbers in another notation
+   (`fullthrottle.core.data_checks.NUMBER_LIKE_FRACTION`), is numeric too and reported as a
+   finding (the cells, their lines, the fix), as are label values written several ways: init
+   asks instead of guessing, and `run` stops on them until they are decided.
 4. text: named with `--text`, or strings that are long (mean length >= 30 characters) or
    sentence-like (mean >= 3 whitespace-separated words and >= 50% distinct values).
    The tokenizer is "char" when at least 20% of the values contain CJK characters (written

@@ -35,6 +35,7 @@ from fullthrottle.core.staging import STAGED_CSV, prepare_data, read_input_cells
         ("1.234,5", ",", ".", "1234.5"),
         ("18.5", ",", ".", None),  # with thousands ".", a point must group three digits
         ("1 234", ".", " ", "1234"),
+        ("1\u202f234,5", ",", " ", "1234.5"),
         ("-3,5", ",", None, "-3.5"),
         ("1,2,3", ",", None, None),
         ("nan", ".", None, "nan"),

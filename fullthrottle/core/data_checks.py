@@ -107,7 +107,7 @@ class Finding:
     """One column whose cells need a decision, in words a person can act on."""
 
     column: str
-    where: str  # "`data.numeric`", "`data.label`", "" (init: not decided yet)
+    where: str  # the config field that lists the column: "`data.numeric`", "`data.label`"
     problem: str  # what was found, with values and places
     fix: str  # what to do
 
@@ -136,6 +136,9 @@ def normalize_number(cell: str, *, decimal: str = ".", thousands: str | None = N
     (data with both, as in `18.5` next to `18,9`, is common).
     """
     text = cell.strip()
+    if thousands == " ":
+        # Spreadsheets group digits with no-break spaces as often as with spaces.
+        text = text.replace("\u00a0", " ").replace("\u202f", " ")
     if thousands and thousands in text:
         grouped = re.fullmatch(
             rf"([+-]?)(\d{{1,3}}(?:{re.escape(thousands)}\d{{3}})+)((?:{re.escape(decimal)}\d+)?)",

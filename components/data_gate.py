@@ -7,8 +7,13 @@ its `validated_schema` output. Transform and Trainer take their schema from that
 they depend on the gate through data (lineage in ML Metadata, and no task-only edge, which TFX
 documents as unreliable next to conditional nodes such as the Pusher's).
 
-The component only unpacks artifacts; `read_anomalies` and `format_report` are pure and tested
-on their own.
+It also runs the cell checks of `fullthrottle.core.data_checks` on the data ExampleGen read, on
+every run and every runner: numeric columns with cells that are not plain numbers (or typed as
+text by the schema) and label values written several ways stop the run here, with the values
+and where they are, so data that changed since `fullthrottle init` is caught before Transform.
+
+The component only unpacks artifacts; `read_anomalies`, `format_report` and `data_findings`
+are tested on their own.
 """
 
 # No `from __future__ import annotations`: TFX's @component reads the real annotation types.
@@ -21,6 +26,7 @@ from typing import Any
 
 from tfx import v1 as tfx
 
+from fullthrottle.core.data_checks import Finding, gate_findings, report
 from fullthrottle.core.errors import DataError
 
 ANOMALIES_FILE = "SchemaDiff.pb"
@@ -43,15 +49,19 @@ class Anomaly:
 
 
 class DataGateError(DataError):
-    """ExampleValidator found anomalies: the run stops before Transform.
+    """ExampleValidator found anomalies, or the cell checks found cells that need a decision:
+    the run stops before Transform.
 
-    `anomalies` holds the structured rows (for trackers such as MLflow); the message is the
-    readable report.
+    `anomalies` and `findings` hold the structured rows (for trackers such as MLflow); the
+    message is the readable report.
     """
 
-    def __init__(self, message: str, anomalies: list[Anomaly]) -> None:
+    def __init__(
+        self, message: str, anomalies: list[Anomaly], findings: list[Finding] | None = None
+    ) -> None:
         super().__init__(message)
         self.anomalies = anomalies
+        self.findings = findings or []
 
 
 def read_anomalies(anomalies_uri: str, split_names: list[str]) -> list[Anomaly]:
@@ -85,20 +95,57 @@ def read_anomalies(anomalies_uri: str, split_names: list[str]) -> list[Anomaly]:
     return found
 
 
-def format_report(anomalies: list[Anomaly], *, input_files: str, schema_source: str) -> str:
+def data_findings(spec: Any, *, input_base: str, schema_types: dict[str, str]) -> list[Finding]:
+    """The cell checks on the data ExampleGen read from `input_base` (see the module docstring)."""
+    from fullthrottle.core.staging import read_input_cells
+
+    columns = [*spec.numeric, spec.label]
+    cells = read_input_cells(input_base, data_format=spec.format, columns=columns)
+    return gate_findings(
+        numeric=spec.numeric,
+        label=spec.label,
+        label_mode=spec.near_duplicate_labels,
+        cells=cells,
+        types=schema_types,
+    )
+
+
+def schema_types(schema_uri: str) -> dict[str, str]:
+    """Column -> its type in the schema artifact ("INT", "FLOAT", "BYTES")."""
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    with open(os.path.join(schema_uri, SCHEMA_FILE), encoding="utf-8") as f:
+        schema = text_format.Parse(f.read(), schema_pb2.Schema())
+    return {feature.name: schema_pb2.FeatureType.Name(feature.type) for feature in schema.feature}
+
+
+def format_report(
+    anomalies: list[Anomaly],
+    *,
+    input_files: str,
+    schema_source: str,
+    findings: list[Finding] | None = None,
+) -> str:
     """One paragraph a person can act on: what was found, where, and what to do."""
+    if not anomalies:
+        return (
+            f"the data gate stopped the run: {report(findings or [], source=input_files)} "
+            "Transform and Trainer did not run."
+        )
     shown = anomalies[:MAX_REPORTED]
     items = "; ".join(
         f"split {a.split!r}, column {a.column!r}: {a.anomaly_type}: {_clip(a.description).rstrip('.')}"
         for a in shown
     )
     more = f" (and {len(anomalies) - len(shown)} more)" if len(anomalies) > len(shown) else ""
+    also = f" Also, {report(findings, source='in that data')}" if findings else ""
     return (
         f"the data gate stopped the run: ExampleValidator found {len(anomalies)} "
         f"anomal{'y' if len(anomalies) == 1 else 'ies'} in {input_files} against the schema "
-        f"{schema_source}: {items}{more}. Transform and Trainer did not run. Fix the data, or, if "
-        "the data is right and the schema is too strict, edit the schema (`data.schema_path`; "
-        "`fullthrottle schema` writes a starting one)."
+        f"{schema_source}: {items}{more}.{also} Transform and Trainer did not run. Fix the data, "
+        "or, if the data is right and the schema is too strict, edit the schema "
+        "(`data.schema_path`; `fullthrottle schema` writes a starting one)."
     )
 
 
@@ -161,13 +208,25 @@ def DataGate(  # noqa: N802 - TFX names the component (and its node id) after th
     validated_schema: tfx.dsl.components.OutputArtifact[tfx.types.standard_artifacts.Schema],
     input_files: tfx.dsl.components.Parameter[str],
     schema_source: tfx.dsl.components.Parameter[str],
+    input_base: tfx.dsl.components.Parameter[str],
+    data_spec: tfx.dsl.components.Parameter[str],
 ) -> None:
-    """Fails with `DataGateError` when there are anomalies; otherwise passes the schema on."""
+    """Fails with `DataGateError` when there are anomalies or cells that need a decision
+    (`data_spec`: the `DataSpec` as JSON; `input_base`: what ExampleGen read); otherwise
+    passes the schema on."""
+    from fullthrottle.core.features import data_spec_from_custom_config
+
     split_names = json.loads(anomalies.split_names or "[]")
     found = read_anomalies(anomalies.uri, split_names)
-    if found:
+    spec = data_spec_from_custom_config({"data": json.loads(data_spec)})
+    findings = data_findings(spec, input_base=input_base, schema_types=schema_types(schema.uri))
+    if found or findings:
         raise DataGateError(
-            format_report(found, input_files=input_files, schema_source=schema_source), found
+            format_report(
+                found, input_files=input_files, schema_source=schema_source, findings=findings
+            ),
+            found,
+            findings,
         )
     os.makedirs(validated_schema.uri, exist_ok=True)
     for name in os.listdir(schema.uri):

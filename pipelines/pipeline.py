@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -154,6 +155,7 @@ def create_pipeline(
     )
     # Anomalies stop the run here. Transform and Trainer read the gate's validated schema, so
     # they depend on the gate through data, not through a task edge.
+    data_config = _plain(dataclasses.asdict(spec))
     data_gate = DataGate(
         anomalies=example_validator.outputs["anomalies"],
         schema=schema_gen.outputs["schema"],
@@ -161,11 +163,13 @@ def create_pipeline(
         schema_source=_runtime_path(schema_path, project_root)
         if schema_path
         else "inferred by SchemaGen from this data",
+        # The gate re-reads what ExampleGen read, for its cell checks.
+        input_base=input_base,
+        data_spec=json.dumps(data_config, sort_keys=True),
     )
     validated_schema = data_gate.outputs["validated_schema"]
 
     fingerprint = code_fingerprint(TRAINER_CODE)
-    data_config = _plain(dataclasses.asdict(spec))
     transform = tfx.components.Transform(
         examples=example_gen.outputs["examples"],
         schema=validated_schema,

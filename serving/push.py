@@ -35,6 +35,7 @@ from serving.signatures import (
     PREDICT_RAW,
     PREDICT_TRANSFORMED,
     SERVING_DEFAULT,
+    call_signature,
     raw_inputs_from_examples,
     signature_input_specs,
 )
@@ -192,12 +193,13 @@ def replay_warmup(model_dir: str, records: Sequence[bytes], *, loaded: Any = Non
     for index, record in enumerate(records):
         log = prediction_log_pb2.PredictionLog.FromString(record)
         request = log.predict_log.request
-        signature = loaded.signatures[request.model_spec.signature_name or SERVING_DEFAULT]
+        signature = request.model_spec.signature_name or SERVING_DEFAULT
         inputs = {
             name: tf.constant(tf.make_ndarray(proto)) for name, proto in request.inputs.items()
         }
         try:
-            outputs = signature(**inputs)
+            # Keyed as TF Serving keys them (the SignatureDef's names); the call maps them.
+            outputs = call_signature(loaded, signature, inputs)
         except Exception as exc:  # noqa: BLE001 - re-raised as a refusal naming the record
             raise PushError(
                 f"the staged model failed warmup record {index} ({request.model_spec.signature_name}): "

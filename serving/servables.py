@@ -20,13 +20,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
 from serving.push import WARMUP_RELATIVE_PATH, replay_warmup, version_dirs
+from serving.signatures import signature_keywords
 from serving.status import StatusError, from_tensorflow, invalid_argument, not_found
 
 log = logging.getLogger("fullthrottle.serve")
@@ -51,6 +52,8 @@ class LoadedVersion:
     signature_defs: Mapping[str, Any]  # signature key -> SignatureDef proto (saved_model.pb)
     warmup_records: int
     owner: Any  # the loaded SavedModel object: the functions reference its variables
+    # signature key -> {SignatureDef input key: the function's keyword}, where they differ
+    keywords: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def signature(self, name: str) -> tuple[Any, Any]:
         """(SignatureDef, function) for `name` ('' is serving_default), TF Serving's refusal else."""
@@ -94,7 +97,8 @@ def load_version(version: int, path: str) -> LoadedVersion:
         records = [r.numpy() for r in tf.data.TFRecordDataset(warmup_path)]
         # Replayed on the object loaded above: the warmed functions are the ones that serve.
         warmed = replay_warmup(path, records, loaded=loaded)
-    return LoadedVersion(version, path, functions, signature_defs, warmed, loaded)
+    keywords = {key: signature_keywords(loaded, key) for key in functions}
+    return LoadedVersion(version, path, functions, signature_defs, warmed, loaded, keywords)
 
 
 class VersionedModels:
@@ -251,7 +255,8 @@ def predict(
             f"len({{{', '.join(sorted(expected))}}}). Sent extra: {extra}. Missing but required: "
             f"{missing}."
         )
-    outputs = _run(function, inputs)
+    keywords = loaded.keywords.get(signature_name or DEFAULT_SIGNATURE, {})
+    outputs = _run(function, {keywords.get(name, name): value for name, value in inputs.items()})
     if output_filter:
         unknown = [name for name in output_filter if name not in outputs]
         if unknown:

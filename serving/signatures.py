@@ -12,7 +12,16 @@ raw features, and three signatures:
   ``tf.Example`` (``inputs``) -> ``classes`` string ``[None, num_classes]`` (every class name)
   and ``scores`` float32 ``[None, num_classes]`` (their probabilities).
 - ``predict_raw``: one named tensor ``[None]`` per raw feature (for JSON requests) -> the same
-  outputs. Every feature must be sent.
+  outputs. Every feature must be sent. Its inputs are named exactly as the columns are (``a b``,
+  ``od280/od315``, ``温度``): TensorFlow only saves signature arguments named like graph nodes and
+  Python parameters, so the function is traced with each column's internal name
+  (`fullthrottle.core.features.internal_name`) and the SignatureDef's input keys (what TF Serving
+  and ``fullthrottle serve`` match JSON keys against) are renamed to the column names after
+  saving. In Python, a loaded model's ``signatures["predict_raw"]`` still takes the internal
+  names as keyword arguments (TensorFlow's calling convention); `signature_input_specs` and
+  `call_signature` work with the column names. Columns whose names are already safe (lowercase
+  ASCII letters, digits, ``_``) are the same in both.
+- ``raw_input_names`` (a function, not a signature): which column each internal name stands for.
 - ``transform_features``: serialized ``tf.Example`` (label included) -> the transformed features,
   used by the Evaluator to obtain the label.
 - ``predict_transformed``: the transformed features (what ``transform_features`` returns, label
@@ -33,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from fullthrottle.core.features import LABEL_VOCAB
+from fullthrottle.core.features import LABEL_VOCAB, internal_name, transformed_name
 
 SERVING_DEFAULT = "serving_default"
 CLASSIFICATION = "classification"
@@ -73,7 +82,7 @@ class ServingModule(tf.Module):
         self.tft_layer = tft_output.transform_features_layer()
         self._raw_spec = raw_serving_spec(tft_output, label, features)
         self._full_raw_spec = dict(tft_output.raw_feature_spec())
-        transformed_label = _transformed_label_name(label)
+        transformed_label = transformed_name(label)
         self._transformed_spec = {
             name: feature
             for name, feature in tft_output.transformed_feature_spec().items()
@@ -85,6 +94,23 @@ class ServingModule(tf.Module):
         ]
         self.class_names = tf.constant(class_names, dtype=tf.string)
         self.num_classes = len(class_names)
+        # Saved with the model: which column each internal predict_raw argument stands for.
+        columns = sorted(self._raw_spec)
+        internal = [internal_name(column) for column in columns]
+
+        @tf.function(input_signature=[])
+        def raw_input_names() -> dict[str, tf.Tensor]:
+            return {
+                "internal": tf.constant(internal, dtype=tf.string, shape=[len(internal)]),
+                "column": tf.constant(columns, dtype=tf.string, shape=[len(columns)]),
+            }
+
+        self.raw_input_names = raw_input_names
+
+    @property
+    def raw_input_columns(self) -> tuple[str, ...]:
+        """The columns `predict_raw` takes, as the user named them."""
+        return tuple(sorted(self._raw_spec))
 
     def _predict(self, raw_features: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         transformed = self.tft_layer(dict(raw_features))
@@ -111,7 +137,7 @@ class ServingModule(tf.Module):
             return {"classes": classes, "scores": scores}
 
         raw_signature = {
-            name: tf.TensorSpec([None], feature.dtype, name=name)
+            name: tf.TensorSpec([None], feature.dtype, name=internal_name(name))
             for name, feature in raw_spec.items()
         }
 
@@ -139,16 +165,36 @@ class ServingModule(tf.Module):
         }
 
 
-def _transformed_label_name(label: str) -> str:
-    from fullthrottle.core.features import transformed_name
-
-    return transformed_name(label)
+def signature_keywords(loaded: object, signature: str) -> dict[str, str]:
+    """SignatureDef input key -> the keyword the loaded signature function takes, where they
+    differ: `predict_raw`'s columns whose names are not safe inside TensorFlow (see
+    `fullthrottle.core.features.internal_name`). Empty for any other signature or model."""
+    names = getattr(loaded, "raw_input_names", None)
+    if signature != PREDICT_RAW or names is None:
+        return {}
+    table = names()
+    columns = [c.decode("utf-8") for c in table["column"].numpy()]
+    internal = [c.decode("utf-8") for c in table["internal"].numpy()]
+    return {c: i for c, i in zip(columns, internal, strict=True) if c != i}
 
 
 def signature_input_specs(loaded: object, signature: str) -> dict[str, tf.TensorSpec]:
-    """The named inputs of `signature` in a loaded SavedModel (name -> TensorSpec)."""
+    """The inputs of `signature` in a loaded SavedModel (name -> TensorSpec), named as its
+    SignatureDef (and so TF Serving) names them: `predict_raw`'s by the columns as written."""
     concrete = loaded.signatures[signature]  # type: ignore[attr-defined]
-    return dict(concrete.structured_input_signature[1])
+    specs = dict(concrete.structured_input_signature[1])
+    keywords = signature_keywords(loaded, signature)
+    if not keywords:
+        return specs
+    by_keyword = {keyword: column for column, keyword in keywords.items()}
+    return {by_keyword.get(name, name): spec for name, spec in specs.items()}
+
+
+def call_signature(loaded: object, signature: str, inputs: Mapping[str, object]) -> dict:
+    """Calls a loaded signature with inputs keyed as its SignatureDef names them."""
+    keywords = signature_keywords(loaded, signature)
+    function = loaded.signatures[signature]  # type: ignore[attr-defined]
+    return function(**{keywords.get(name, name): value for name, value in inputs.items()})
 
 
 def raw_inputs_from_examples(
@@ -230,7 +276,14 @@ def export_serving_model(
     """Writes the SavedModel with all signatures to `export_dir` (which must not exist yet)."""
     module = ServingModule(model, tft_output, label, features)
     tf.saved_model.save(module, export_dir, signatures=module.signatures())
-    set_signature_methods(export_dir, {CLASSIFICATION: CLASSIFY_METHOD})
+    renamed = {
+        internal_name(column): column
+        for column in module.raw_input_columns
+        if internal_name(column) != column
+    }
+    finish_signatures(
+        export_dir, methods={CLASSIFICATION: CLASSIFY_METHOD}, input_names={PREDICT_RAW: renamed}
+    )
 
 
 CLASSIFY_METHOD = "tensorflow/serving/classify"
@@ -238,12 +291,31 @@ REGRESS_METHOD = "tensorflow/serving/regress"
 
 
 def set_signature_methods(export_dir: str, methods: Mapping[str, str]) -> None:
-    """Marks signatures as TF Serving classification or regression signatures.
+    """Marks signatures as TF Serving classification or regression signatures."""
+    finish_signatures(export_dir, methods=methods)
 
-    TF Serving classifies or regresses only with a signature whose `method_name` says so, and
-    `tf.saved_model.save` writes every signature as a predict one with no option to change it;
-    so the method names are set in saved_model.pb after saving (written to a temporary file and
-    renamed over it). TensorFlow's loader ignores method names: the model loads as before.
+
+def finish_signatures(
+    export_dir: str,
+    *,
+    methods: Mapping[str, str],
+    input_names: Mapping[str, Mapping[str, str]] | None = None,
+) -> None:
+    """What `tf.saved_model.save` cannot write, set in saved_model.pb after saving.
+
+    `methods` (signature -> method name) marks TF Serving classification or regression
+    signatures: TF Serving classifies or regresses only with a signature whose `method_name` says
+    so, and `tf.saved_model.save` writes every signature as a predict one. TensorFlow's loader
+    ignores method names: the model loads as before.
+
+    `input_names` (signature -> {traced argument name: name clients use}) renames the
+    SignatureDef's input keys: what TF Serving (and `fullthrottle serve`) match request keys
+    against. The tensors, and so the graph, stay as they are, and so does the loaded signature
+    function's calling convention: TensorFlow calls it with the traced names (keyword arguments
+    are sanitized into Python names, and `a b`, `a-b` and `a_b` would collide there);
+    `signature_keywords` maps one to the other.
+
+    The file is written to a temporary file and renamed over saved_model.pb.
     """
     import os
 
@@ -258,9 +330,27 @@ def set_signature_methods(export_dir: str, methods: Mapping[str, str]) -> None:
             if name not in meta_graph.signature_def:
                 raise KeyError(f"{export_dir} has no signature {name!r} to mark as {method}")
             meta_graph.signature_def[name].method_name = method
+        for name, renames in (input_names or {}).items():
+            if renames:
+                _rename_signature_inputs(meta_graph, name, renames)
     temporary = path + ".tmp"
     with open(temporary, "wb") as file:
         file.write(saved_model.SerializeToString())
         file.flush()
         os.fsync(file.fileno())
     os.replace(temporary, path)
+
+
+def _rename_signature_inputs(
+    meta_graph: object, signature: str, renames: Mapping[str, str]
+) -> None:
+    """Renames the input keys of one SignatureDef in a MetaGraphDef (see `finish_signatures`)."""
+    signature_def = meta_graph.signature_def[signature]  # type: ignore[attr-defined]
+    inputs = dict(signature_def.inputs)
+    missing = sorted(set(renames) - set(inputs))
+    if missing:
+        raise KeyError(f"signature {signature!r} has no input(s) {missing} to rename")
+    for key in inputs:
+        del signature_def.inputs[key]
+    for key, tensor_info in inputs.items():
+        signature_def.inputs[renames.get(key, key)].CopyFrom(tensor_info)

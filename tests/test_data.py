@@ -77,3 +77,25 @@ def test_folder_of_csv_files_with_one_header(tmp_path):
     (folder / "c.csv").write_text("species,island\nAdelie,Dream\n")
     with pytest.raises(DataError, match="c.csv has no column"):
         prepare_data(_config(tmp_path, folder))
+
+
+def test_paths_the_envrun_userland_hides_are_refused_with_the_reason(tmp_path, monkeypatch):
+    """Inside bin/envrun's userland only the folders it lists are the host's: a data path or an
+    output folder elsewhere is refused saying why, not reported as missing or written away."""
+    monkeypatch.setenv("FULLTHROTTLE_HOST_PATHS", f"{tmp_path}:/srv")
+    hidden = "/var/lib/exports/penguins.csv"
+    with pytest.raises(DataError) as refused:
+        prepare_data(_config(tmp_path, hidden))
+    message = str(refused.value)
+    assert f"data path {hidden} cannot be reached" in message
+    assert "not inside bin/envrun's Debian 13 userland: /var there is the userland's own" in message
+    assert f"--data {hidden}" in message and "does not exist" not in message
+    # Under a folder that is shown, a missing path is missing.
+    with pytest.raises(DataError, match="does not exist"):
+        prepare_data(_config(tmp_path, tmp_path / "nope.csv"))
+    # Outputs written where the host cannot see them would be lost: refused before anything.
+    config = load_config(overrides=["output_dir=/opt/runs"])
+    with pytest.raises(
+        DataError, match=r"output folder \(`output_dir`\) cannot be used: /opt/runs"
+    ):
+        prepare_data(config)

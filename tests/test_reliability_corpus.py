@@ -147,6 +147,33 @@ def _corrupted_gzip_tfrecord(folder: Path) -> list[str]:
     return ["--data", str(data_dir), "--set", "data.format=tfrecord"]
 
 
+def _edited(edit: Callable[[int, dict[str, str]], None]) -> Callable[[Path], list[str]]:
+    """Penguins with `edit(row_number, row)` applied to every row (a dict by column)."""
+
+    def build(folder: Path) -> list[str]:
+        header, rows = _penguins()
+        edited = []
+        for number, row in enumerate(rows):
+            cells = dict(zip(header, row, strict=True))
+            edit(number, cells)
+            edited.append(list(cells.values()))
+        path = folder / "penguins.csv"
+        path.write_text(_csv_text(list(cells), edited))
+        return ["--data", str(path)]
+
+    return build
+
+
+def _decimal_commas(number: int, row: dict[str, str]) -> None:
+    if number % 40 == 5:
+        row["bill_length_mm"] = row["bill_length_mm"].replace(".", ",")
+
+
+def _trailing_space_labels(number: int, row: dict[str, str]) -> None:
+    if number in (5, 45, 85):
+        row["species"] += " "
+
+
 def _missing_schema_file(folder: Path) -> list[str]:
     return ["--set", f"data.schema_path={folder / 'nope.pbtxt'}"]
 
@@ -244,6 +271,33 @@ CASES = (
         "before",
         _missing_schema_file,
         ("nope.pbtxt", "data.schema_path", "fullthrottle schema"),
+    ),
+    Case(
+        "decimal-comma-in-numeric-column",
+        "before",
+        _edited(_decimal_commas),
+        ("column 'bill_length_mm'", "'39,3' has a decimal comma (line 7)", "data.decimal: ','"),
+    ),
+    Case(
+        "near-duplicate-labels",
+        "before",
+        _edited(_trailing_space_labels),
+        (
+            "column 'species'",
+            "'Adelie ' (3 rows: line 7, line 47, line 87)",
+            "data.near_duplicate_labels: merge",
+        ),
+    ),
+    Case(
+        "comma-in-column-name",
+        "before",
+        _write(
+            "penguins.csv",
+            _penguin_text(lambda h, rows: ([*h[:5], "body mass, g", *h[6:]], rows)),
+            "--set",
+            'data.numeric=["bill_length_mm", "body mass, g"]',
+        ),
+        ("'body mass, g', holds a comma", "CsvExampleGen"),
     ),
     Case(
         "extra-column",

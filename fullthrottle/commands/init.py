@@ -14,13 +14,17 @@ import math
 import os
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 from fullthrottle.core.errors import ConfigError
+from fullthrottle.core.paths import hidden_reason
 
 DEFAULT_OUTPUT = "fullthrottle.yaml"
 DEFAULT_TRAIN_STEPS = 1000
+# Column names in the printed table are clipped to this width.
+NAME_WIDTH = 40
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -114,6 +118,22 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         f"model_name: {_scalar(name)}      # pushed to <output_dir>/serving/<model_name>/<version>/",
         f"output_dir: {_scalar('runs/' + name)}   # relative to where you run fullthrottle",
         "",
+    ]
+    if inference.findings:
+        lines.append(
+            f"# NEEDS A DECISION: `fullthrottle run` stops on {len(inference.findings)} "
+            "column(s) until the data or this file says what they are:"
+        )
+        for number, finding in enumerate(inference.findings, start=1):
+            lines += textwrap.wrap(
+                _comment(f"({number}) {finding}"),
+                width=98,
+                initial_indent="# ",
+                subsequent_indent="#     ",
+                break_on_hyphens=False,
+            )
+        lines.append("")
+    lines += [
         "data:",
         "  # A CSV file or folder of CSVs, or a folder of TFRecord files; relative to this file.",
         f"  path: {_scalar(data_path)}",
@@ -164,6 +184,13 @@ def render_config(inference: Any, *, config_path: Path) -> str:
     lines += [
         "  # Cells equal to one of these are missing values.",
         f"  na_values: {_scalar(list(inference.na_values))}",
+        '  # How numbers are written in numeric columns: decimal "," reads 18,9 as 18.9;',
+        '  # thousands "," reads 1,234 as 1234 (one of "," "." " " "\'", or null for none).',
+        '  decimal: "."',
+        "  thousands: null",
+        '  # Label values that differ only in whitespace or case ("Adelie", "Adelie "): stop (say',
+        "  # where they are), merge (into the most frequent spelling) or keep (different classes).",
+        "  near_duplicate_labels: stop",
         "  # Rows are split by a hash into train : eval buckets (3 : 1 = 75% train).",
         "  train_buckets: 3",
         "  eval_buckets: 1",
@@ -194,6 +221,9 @@ def run(args: argparse.Namespace) -> int:
     from fullthrottle.core.config import load_config
 
     output = Path(args.output)
+    hidden = hidden_reason(output)
+    if hidden is not None:
+        raise ConfigError(f"--output {output} cannot be written: {hidden}")
     if output.exists() and not args.force:
         raise ConfigError(
             f"{output} already exists; init does not overwrite it. Pass --force to replace it, or "
@@ -222,8 +252,20 @@ def run(args: argparse.Namespace) -> int:
 
     out = sys.stdout
     out.write(f"fullthrottle init: read {inference.rows_sampled} rows of {inference.source_file}\n")
-    width = max(len(c.name) for c in inference.columns)
+    width = min(NAME_WIDTH, max(len(c.name) for c in inference.columns))
     for report in inference.columns:
-        out.write(f"  {report.name:<{width}}  {report.kind:<11}  {report.reason}\n")
-    out.write(f"wrote {output}. Check it, then train:\n  fullthrottle run --config {output}\n")
+        shown = report.name if len(report.name) <= width else report.name[: width - 3] + "..."
+        out.write(f"  {shown:<{width}}  {report.kind:<11}  {report.reason}\n")
+    if inference.findings:
+        out.write(
+            f"fullthrottle init: {len(inference.findings)} column(s) need a decision before "
+            "training; `fullthrottle run` stops on them until the data or the config says what "
+            "they are:\n"
+        )
+        for number, finding in enumerate(inference.findings, start=1):
+            out.write(f"  ({number}) {finding}\n")
+        out.write(f"wrote {output} (the same notes are at its top). Decide, then train:\n")
+    else:
+        out.write(f"wrote {output}. Check it, then train:\n")
+    out.write(f"  fullthrottle run --config {output}\n")
     return 0

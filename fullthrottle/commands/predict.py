@@ -75,7 +75,9 @@ def _read(path: str) -> str:
         return sys.stdin.read()
     file = Path(path)
     if not file.is_file():
-        raise DataError(f"{path} does not exist or is not a file")
+        from fullthrottle.core.paths import missing_path_message
+
+        raise DataError(missing_path_message(path, "input file", " or is not a file"))
     return file.read_text(encoding="utf-8")
 
 
@@ -117,16 +119,22 @@ def raw_input_kinds(metadata: Mapping[str, Any]) -> dict[str, str] | None:
     return kinds
 
 
-def _cell_feature(cell: str, kind: str, *, where: str, name: str) -> Any:
-    """One CSV cell as a tf.train.Feature of the kind the model takes; DataError if it cannot be."""
+def _cell_feature(
+    cell: str, kind: str, *, where: str, name: str, decimal: str = ".", thousands: str | None = None
+) -> Any:
+    """One CSV cell as a tf.train.Feature of the kind the model takes; DataError if it cannot be.
+
+    Numbers are read as training read them (`data.decimal`, `data.thousands`)."""
     import tensorflow as tf
+
+    from fullthrottle.core.data_checks import normalize_number
 
     if kind == "bytes":
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[cell.encode("utf-8")]))
-    try:
-        number = float(cell)
-    except ValueError:
-        raise DataError(f"{where}: column {name!r} is numeric, got {cell!r}") from None
+    plain = normalize_number(cell, decimal=decimal, thousands=thousands)
+    if plain is None:
+        raise DataError(f"{where}: column {name!r} is numeric, got {cell!r}")
+    number = float(plain)
     if kind == "float":
         return tf.train.Feature(float_list=tf.train.FloatList(value=[number]))
     if not number.is_integer():  # also refuses inf and nan
@@ -153,7 +161,10 @@ def csv_to_examples(
         numeric = set(spec.numeric)
         kinds = {name: "float" if name in numeric else "bytes" for name in spec.feature_columns}
     reader = csv.DictReader(text.splitlines())
-    columns = set(reader.fieldnames or [])
+    # Header names as staging reads them for training: surrounding whitespace is not part of a
+    # name ("a, b" names columns "a" and "b").
+    reader.fieldnames = [name.strip() for name in reader.fieldnames or []]
+    columns = set(reader.fieldnames)
     missing = [c for c in kinds if c not in columns]
     if missing:
         raise DataError(
@@ -168,7 +179,14 @@ def csv_to_examples(
             cell = (row.get(name) or "").strip()
             if cell == "" or cell in spec.na_values:
                 continue
-            features[name] = _cell_feature(cell, kind, where=f"{source}, line {line}", name=name)
+            features[name] = _cell_feature(
+                cell,
+                kind,
+                where=f"{source}, line {line}",
+                name=name,
+                decimal=spec.decimal,
+                thousands=spec.thousands,
+            )
         examples.append(
             tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
         )
@@ -254,7 +272,7 @@ def metadata_grpc(
 
 # A serving_default refusal for a missing feature names the feature but not the example:
 # "Feature: island (data type: string) is required but could not be found."
-_REQUIRED_FEATURE = re.compile(r"Feature: (?P<key>[\w.-]+) \(data type: \w+\) is required")
+_REQUIRED_FEATURE = re.compile(r"Feature: (?P<key>.+?) \(data type: \w+\) is required")
 
 
 def _with_csv_line(

@@ -12,7 +12,10 @@ The heuristics, in order (the same text is in docs/own-data.md):
 2. A column with no present value in the sample, or a single distinct value, is dropped with a
    note (there is nothing to learn from it). For the label this is an error.
 3. numeric: every present cell parses as a number (CSV), or the values are float/int lists
-   (TFRecord).
+   (TFRecord). A column of numbers except a few cells, or of numbers in another notation
+   (`fullthrottle.core.data_checks.NUMBER_LIKE_FRACTION`), is numeric too and reported as a
+   finding (the cells, their lines, the fix), as are label values written several ways: init
+   asks instead of guessing, and `run` stops on them until they are decided.
 4. text: named with `--text`, or strings that are long (mean length >= 30 characters) or
    sentence-like (mean >= 3 whitespace-separated words and >= 50% distinct values).
    The tokenizer is "char" when at least 20% of the values contain CJK characters (written
@@ -28,12 +31,23 @@ import csv
 import math
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fullthrottle.core.data_checks import (
+    Finding,
+    check_header_names,
+    inspect_labels,
+    inspect_numbers,
+    looks_continuous,
+)
 from fullthrottle.core.errors import DataError
+from fullthrottle.core.paths import missing_path_message
 
 DEFAULT_SAMPLE_ROWS = 20_000
+# How a number-like column that init listed under `data.numeric` is declared categories instead.
+MOVE_HINT = "Or, if the column holds categories, move it to `data.categorical`."
 # Cells that mean "missing" in real CSVs. Only the ones seen in the sample go into the config.
 NA_CANDIDATES = ("NA", "N/A", "n/a", "NaN", "nan", "null", "NULL", "None", "?")
 TEXT_MIN_MEAN_LENGTH = 30
@@ -41,9 +55,6 @@ TEXT_MIN_MEAN_WORDS = 3
 TEXT_MIN_DISTINCT_FRACTION = 0.5
 # Share of text values containing CJK characters from which the char tokenizer is chosen.
 CJK_CHAR_TOKENIZER_FRACTION = 0.2
-# A label with more distinct values than this (and more than half the rows distinct) looks
-# continuous: fullthrottle trains classifiers.
-LABEL_MAX_CLASSES = 200
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 _TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrecord.gz", ".gz", ".tfr")
 
@@ -86,6 +97,8 @@ class Inference:
     dropped: tuple[ColumnReport, ...]
     na_values: tuple[str, ...]
     columns: tuple[ColumnReport, ...] = field(default_factory=tuple)
+    # Columns and labels that need the user's decision (dirty numbers, near-duplicate labels).
+    findings: tuple[Finding, ...] = field(default_factory=tuple)
 
     @property
     def majority_fraction(self) -> float:
@@ -98,8 +111,9 @@ class Inference:
 
 
 # --- reading a sample -----------------------------------------------------------------------
-def _read_csv_sample(path: Path, sample_rows: int) -> tuple[list[str], list[list[str]]]:
-    """Header and the first `sample_rows` data rows; refuses files that are not CSV text."""
+def _read_csv_sample(path: Path, sample_rows: int) -> tuple[list[str], list[list[str]], list[str]]:
+    """Header, the first `sample_rows` data rows and where each starts ("line 7"); refuses files
+    that are not CSV text and header names no column can have."""
     with path.open("rb") as f:
         head = f.read(1 << 16)
     if not head.strip():
@@ -120,23 +134,27 @@ def _read_csv_sample(path: Path, sample_rows: int) -> tuple[list[str], list[list
                 "fullthrottle can read. Re-save it as UTF-8 CSV."
             ) from None
     rows: list[list[str]] = []
+    places: list[str] = []
     try:
         with path.open(encoding="utf-8-sig", newline="") as f:
             reader = csv.reader(f)
-            header = next(reader, None)
-            if header is None:
+            raw_header = next(reader, None)
+            if raw_header is None:
                 raise DataError(f"{path} is empty: a CSV needs a header line and at least one row")
-            header = [h.strip() for h in header]
+            header = [h.strip() for h in raw_header]
+            line = reader.line_num + 1
             for row in reader:
+                start, line = line, reader.line_num + 1
                 if not row or not any(cell.strip() for cell in row):
                     continue
                 if len(row) != len(header):
                     raise DataError(
-                        f"{path}, line {reader.line_num}: {len(row)} fields where the header has "
+                        f"{path}, line {start}: {len(row)} fields where the header has "
                         f"{len(header)}. Is this a comma-separated file? Fix the row or convert "
                         "the file to CSV."
                     )
                 rows.append(row)
+                places.append(f"line {start}")
                 if len(rows) >= sample_rows:
                     break
     except UnicodeDecodeError:
@@ -152,17 +170,10 @@ def _read_csv_sample(path: Path, sample_rows: int) -> tuple[list[str], list[list
             "columns (a label and at least one feature). Is the delimiter something other than "
             "a comma? Convert the file to CSV first."
         )
-    if not all(header):
-        position = header.index("") + 1
-        raise DataError(f"{path}: column {position} of the header has no name; name every column")
-    duplicated = [name for name, n in Counter(header).items() if n > 1]
-    if duplicated:
-        raise DataError(
-            f"{path}: the header names column(s) {', '.join(map(repr, duplicated))} twice"
-        )
+    check_header_names(raw_header, source=str(path))
     if not rows:
         raise DataError(f"{path} has a header but no rows of data")
-    return header, rows
+    return header, rows, places
 
 
 def _is_tfrecord_file(path: Path) -> bool:
@@ -171,17 +182,19 @@ def _is_tfrecord_file(path: Path) -> bool:
 
 def _read_tfrecord_sample(
     files: list[Path], sample_rows: int
-) -> tuple[list[str], list[dict[str, list]], dict[str, str]]:
-    """Feature names, per-record values and each feature's value kind ("float"/"int"/"bytes")."""
+) -> tuple[list[str], list[dict[str, list]], dict[str, str], list[str]]:
+    """Feature names, per-record values, each feature's value kind ("float"/"int"/"bytes") and
+    where each record is ("part-0.gz record 3")."""
     import tensorflow as tf
 
     records: list[dict[str, list]] = []
+    places: list[str] = []
     kinds: dict[str, str] = {}
     for path in files:
         compression = "GZIP" if path.read_bytes()[:2] == b"\x1f\x8b" else ""
         try:
             dataset = tf.data.TFRecordDataset([str(path)], compression_type=compression)
-            for raw in dataset.take(sample_rows - len(records)):
+            for number, raw in enumerate(dataset.take(sample_rows - len(records)), start=1):
                 example = tf.train.Example.FromString(raw.numpy())
                 values: dict[str, list] = {}
                 for name, feature in example.features.feature.items():
@@ -201,6 +214,7 @@ def _read_tfrecord_sample(
                         )
                     values[name] = list(getattr(feature, kind).value)
                 records.append(values)
+                places.append(f"{path.name} record {number}")
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 - TF raises DataLossError and friends; all mean bad input
@@ -214,7 +228,7 @@ def _read_tfrecord_sample(
     if not records:
         raise DataError(f"{files[0]} holds no records")
     names = sorted(kinds)
-    return names, records, kinds
+    return names, records, kinds, places
 
 
 # --- deciding ------------------------------------------------------------------------------
@@ -296,7 +310,9 @@ def _decide(
 
 def _source_files(path: Path) -> tuple[str, list[Path]]:
     if not path.exists():
-        raise DataError(f"data path {path} does not exist; point --data at a CSV file or a folder")
+        raise DataError(
+            missing_path_message(path, "data path", "; point --data at a CSV file or a folder")
+        )
     if path.is_file():
         if _is_tfrecord_file(path):
             raise DataError(
@@ -327,7 +343,7 @@ def infer_columns(
     path = Path(path)
     data_format, files = _source_files(path)
     if data_format == "csv":
-        header, rows = _read_csv_sample(files[0], sample_rows)
+        header, rows, places = _read_csv_sample(files[0], sample_rows)
         seen_na = {cell for row in rows for cell in row if cell in NA_CANDIDATES}
         na_values = tuple(v for v in NA_CANDIDATES if v in seen_na)
         columns: dict[str, list] = {h: [] for h in header}
@@ -340,7 +356,7 @@ def infer_columns(
         }
         rows_sampled = len(rows)
     else:
-        header, records, kinds = _read_tfrecord_sample(files, sample_rows)
+        header, records, kinds, places = _read_tfrecord_sample(files, sample_rows)
         na_values = ()
         columns = {h: [] for h in header}
         for record in records:
@@ -383,12 +399,16 @@ def infer_columns(
             f"label column {label!r} of {where} has {found} in the {rows_sampled} rows sampled: a "
             "classifier needs at least two classes. Pick another --label or add rows of other classes."
         )
-    if len(label_counter) > LABEL_MAX_CLASSES and len(label_counter) > len(label_values) / 2:
+    if looks_continuous(len(label_counter), len(label_values)):
         raise DataError(
             f"label column {label!r} of {where} has {len(label_counter)} distinct values in "
             f"{len(label_values)} rows: it looks continuous or like an identifier, and fullthrottle "
             "trains classifiers. Bucket it into classes first, or pick another --label."
         )
+    findings: list[Finding] = []
+    labels = inspect_labels(label, _cells(places, columns[label])).finding(mode="stop")
+    if labels is not None:
+        findings.append(labels)
     reports = [
         ColumnReport(
             label,
@@ -414,6 +434,20 @@ def infer_columns(
             numeric=numeric_kinds[name],
             forced_text=name in text_columns,
         )
+        if (
+            kind in ("categorical", "dropped")
+            and len(set(present)) > 1
+            and name not in text_columns
+        ):
+            # Numbers except a few cells (or in another notation): not a guess, a question.
+            numbers = inspect_numbers(name, _cells(places, columns[name]))
+            if numbers.looks_numeric:
+                kind = "numeric"
+                reason = (
+                    f"numbers, except {numbers.unparsed} of {numbers.present} present cells: "
+                    "needs a decision before training (see the note above)"
+                )
+                findings.append(numbers.finding(where="`data.numeric`", categorical_hint=MOVE_HINT))
         report = ColumnReport(
             name, kind, reason, len(present), rows_sampled - len(present), len(set(present))
         )
@@ -445,4 +479,10 @@ def infer_columns(
         dropped=tuple(dropped),
         na_values=na_values,
         columns=tuple(reports),
+        findings=tuple(findings),
     )
+
+
+def _cells(places: list[str], values: list) -> Iterator[tuple[str, str]]:
+    """(place, cell) pairs of a sampled column; missing cells are empty."""
+    return ((place, "" if v is None else str(v)) for place, v in zip(places, values, strict=True))

@@ -40,6 +40,8 @@ from pydantic import (
 )
 
 from fullthrottle.core.errors import ConfigError
+from fullthrottle.core.features import check_internal_names
+from fullthrottle.core.paths import missing_path_message
 from trainer_module.training.config import TrainingConfig
 
 BUNDLED_PENGUINS = "palmerpenguins"
@@ -164,6 +166,14 @@ class DataSpec:
     text: tuple[TextColumn, ...] = ()
     # Cells equal to one of these are missing values (penguins.csv writes "NA").
     na_values: tuple[str, ...] = ("NA",)
+    # How numbers in `numeric` columns are written: "18,9" needs decimal ",", "1,234.5" needs
+    # thousands ",". Applied when `run` stages a CSV (fullthrottle/core/data_checks.py).
+    decimal: Literal[".", ","] = "."
+    thousands: Literal[",", ".", " ", "'"] | None = None
+    # Label values that differ only in whitespace or case ("Adelie", "Adelie "): "stop" the run
+    # and say where they are, "merge" each group into its most frequent spelling (when `run`
+    # stages a CSV), or "keep" them as different classes.
+    near_duplicate_labels: Literal["stop", "merge", "keep"] = "stop"
     # Hash-bucket split of the input rows, e.g. train 3 : eval 1.
     train_buckets: PositiveInt = 3
     eval_buckets: PositiveInt = 1
@@ -176,6 +186,10 @@ class DataSpec:
                 "the data spec has no feature columns: list some under `data.numeric`, "
                 "`data.categorical` or `data.text`"
             )
+        if self.thousands == self.decimal:
+            raise ConfigError(
+                f"must differ from `decimal`, both are {self.decimal!r}", field="thousands"
+            )
         seen: set[str] = set()
         for name in self.feature_columns:
             if name in seen:
@@ -183,6 +197,15 @@ class DataSpec:
             if name == self.label:
                 raise ConfigError(f"the label column {name!r} is also listed as a feature")
             seen.add(name)
+        # Inside the model every column has a TensorFlow/Keras-safe name; no two may share one.
+        check_internal_names(
+            [
+                (self.label, "data.label"),
+                *((name, "data.numeric") for name in self.numeric),
+                *((name, "data.categorical") for name in self.categorical),
+                *((column.name, "data.text") for column in self.text),
+            ]
+        )
 
     @property
     def feature_columns(self) -> tuple[str, ...]:
@@ -664,7 +687,7 @@ def load_config(
         path = Path(path)
         if not path.is_file():
             raise ConfigError(
-                f"config file {path} does not exist; create one with `fullthrottle init`"
+                missing_path_message(path, "config file", "; create one with `fullthrottle init`")
             )
         try:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}

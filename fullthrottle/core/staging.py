@@ -20,9 +20,20 @@ from pathlib import Path
 
 from fullthrottle.core.bundled import bundled_path
 from fullthrottle.core.config import BUNDLED_PENGUINS, BUNDLED_TEXT, Config, DataSpec
+from fullthrottle.core.data_checks import (
+    check_header_names,
+    inspect_labels,
+    inspect_numbers,
+    looks_continuous,
+    normalize_number,
+    report,
+    type_findings,
+)
 from fullthrottle.core.errors import DataError
+from fullthrottle.core.paths import hidden_reason, missing_path_message
 
 STAGED_CSV = "data.csv"
+CATEGORICAL_HINT = "Or, if the column holds categories, list it under `data.categorical`."
 
 
 @dataclass(frozen=True)
@@ -40,9 +51,15 @@ def source_files(spec: DataSpec) -> list[Path]:
         return [bundled_path(spec.path)]
     path = Path(spec.path)
     if not path.exists():
+        kind = (
+            "CSV file or a folder of CSV files"
+            if spec.format == "csv"
+            else "folder of TFRecord files"
+        )
         raise DataError(
-            f"data path {path} does not exist (config field `data.path`); point it at a "
-            f"{'CSV file or a folder of CSV files' if spec.format == 'csv' else 'folder of TFRecord files'}"
+            missing_path_message(
+                path, "data path", f" (config field `data.path`); point it at a {kind}"
+            )
         )
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
@@ -52,7 +69,8 @@ def source_files(spec: DataSpec) -> list[Path]:
     return [path]
 
 
-def _read_csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
+def _read_csv_rows(path: Path) -> tuple[list[str], list[tuple[int, list[str]]]]:
+    """The header as written and the non-blank rows, each with the line it starts on."""
     raw = path.read_bytes()
     if not raw.strip():
         raise DataError(f"{path} is empty: a CSV needs a header line and at least one row of data")
@@ -77,9 +95,13 @@ def _read_csv_rows(path: Path) -> tuple[list[str], list[list[str]]]:
         raise DataError(
             f"{path}, line {reader.line_num}: cannot read the header as CSV ({exc})"
         ) from None
-    header = [h.strip() for h in header]
+    rows: list[tuple[int, list[str]]] = []
     try:
-        rows = [row for row in reader if row and any(cell.strip() for cell in row)]
+        line = reader.line_num + 1
+        for row in reader:
+            if row and any(cell.strip() for cell in row):
+                rows.append((line, row))
+            line = reader.line_num + 1
     except csv.Error as exc:
         # Python's csv reader (which TFX's CsvExampleGen also uses) refuses fields over
         # csv.field_size_limit() characters (131,072): stop here, naming the line.
@@ -118,14 +140,17 @@ def _check_columns(spec: DataSpec, header: list[str], where: str) -> None:
 def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> PreparedData:
     header0: list[str] | None = None
     all_rows: list[list[str]] = []
+    places: list[str] = []  # where each row is, for messages: "line 7" or "b.csv line 7"
     na = set(spec.na_values)
     for path in files:
-        header, rows = _read_csv_rows(path)
-        if len(header) < 2 and len(rows) > 0:
+        raw_header, rows = _read_csv_rows(path)
+        if len(raw_header) < 2 and len(rows) > 0:
             raise DataError(
-                f"{path} has a single column {header[0]!r}: is the delimiter something other than a comma? "
+                f"{path} has a single column {raw_header[0]!r}: is the delimiter something other than a comma? "
                 "fullthrottle reads comma-separated files; convert it first."
             )
+        check_header_names(raw_header, source=str(path))
+        header = [h.strip() for h in raw_header]
         _check_columns(spec, header, str(path))
         if header0 is None:
             header0 = header
@@ -133,25 +158,30 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
             raise DataError(
                 f"{path} has a different header from {files[0]}; all CSV files must share one header"
             )
-        for line_no, row in enumerate(rows, start=2):
+        prefix = f"{path.name} " if len(files) > 1 else ""
+        for line_no, row in rows:
             if len(row) != len(header):
                 raise DataError(
                     f"{path}, line {line_no}: {len(row)} fields where the header has {len(header)}; fix the row"
                 )
-            if row == header:
+            if [cell.strip() for cell in row] == header:
                 raise DataError(
                     f"{path}, line {line_no}: the header line appears again inside the data; remove it"
                 )
             all_rows.append(["" if cell in na else cell for cell in row])
-        _check_numeric_cells(spec, header, all_rows[len(all_rows) - len(rows) :], path)
+            places.append(f"{prefix}line {line_no}")
     assert header0 is not None
     if not all_rows:
         raise DataError(f"{files[0]} has a header but no rows of data")
+    source = str(files[0]) if len(files) == 1 else f"{spec.path} ({len(files)} files)"
+    _check_cells(spec, header0, all_rows, places, source=source)
+    _normalize_cells(spec, header0, all_rows)
     _check_label_classes(spec, header0, all_rows, files)
     buffer = io.StringIO(newline="")
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header0)
-    writer.writerows(all_rows)
+    # The header line as CsvExampleGen reads it: split at commas, quotes not read (a name with
+    # a quote character stays as it is; names with commas were refused above).
+    buffer.write(",".join(header0) + "\n")
+    csv.writer(buffer, lineterminator="\n").writerows(all_rows)
     content = buffer.getvalue().encode("utf-8")
     staged_dir.mkdir(parents=True, exist_ok=True)
     target = staged_dir / STAGED_CSV
@@ -168,25 +198,53 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
     return PreparedData(str(staged_dir), tuple(map(str, files)), tuple(header0), len(all_rows))
 
 
-# Value checks that would otherwise fail deep inside Transform.
-def _check_numeric_cells(
-    spec: DataSpec, header: list[str], rows: list[list[str]], path: Path
+# Value checks that would otherwise be guessed quietly or fail deep inside Transform.
+def _check_cells(
+    spec: DataSpec, header: list[str], rows: list[list[str]], places: list[str], *, source: str
 ) -> None:
-    """A word in a numeric column makes ExampleGen type the column as text and Transform fail."""
+    """Numbers as `data.decimal`/`data.thousands` write them in every numeric column, and one
+    spelling per label class (fullthrottle/core/data_checks.py); all findings in one message."""
+    findings = []
     for column in spec.numeric:
         index = header.index(column)
-        for line_no, row in enumerate(rows, start=2):
-            cell = row[index]
-            if not cell.strip():
-                continue  # missing: Transform imputes it
-            try:
-                float(cell)
-            except ValueError:
-                raise DataError(
-                    f"{path}, line {line_no}, column {column!r} (in `data.numeric`): {cell[:80]!r} is "
-                    "not a number. Fix the cell, list the column under `data.categorical`, or add "
-                    f"its spelling of a missing value to `data.na_values`."
-                ) from None
+        numbers = inspect_numbers(
+            column,
+            ((place, row[index]) for place, row in zip(places, rows, strict=True)),
+            decimal=spec.decimal,
+            thousands=spec.thousands,
+        )
+        finding = numbers.finding(where="`data.numeric`", categorical_hint=CATEGORICAL_HINT)
+        if finding is not None:
+            findings.append(finding)
+    index = header.index(spec.label)
+    labels = inspect_labels(
+        spec.label, ((place, row[index]) for place, row in zip(places, rows, strict=True))
+    )
+    # "merge" merges them below, "keep" keeps them: only "stop" stops.
+    finding = labels.finding(mode=spec.near_duplicate_labels)
+    if finding is not None and spec.near_duplicate_labels == "stop":
+        findings.append(finding)
+    if findings:
+        raise DataError(report(findings, source=source))
+
+
+def _normalize_cells(spec: DataSpec, header: list[str], rows: list[list[str]]) -> None:
+    """Plain numbers in numeric columns (`data.decimal`, `data.thousands`), and near-duplicate
+    labels merged when `data.near_duplicate_labels` is "merge". Rewrites `rows` in place."""
+    if spec.decimal != "." or spec.thousands:
+        for column in spec.numeric:
+            index = header.index(column)
+            for row in rows:
+                cell = row[index]
+                if cell.strip():
+                    # _check_cells has read every present cell as a number.
+                    plain = normalize_number(cell, decimal=spec.decimal, thousands=spec.thousands)
+                    row[index] = cell if plain is None else plain
+    if spec.near_duplicate_labels == "merge":
+        index = header.index(spec.label)
+        merges = inspect_labels(spec.label, (("", row[index]) for row in rows)).merges()
+        for row in rows:
+            row[index] = merges.get(row[index], row[index])
 
 
 def _check_label_classes(
@@ -201,6 +259,14 @@ def _check_label_classes(
             f"the label column {spec.label!r} (config field `data.label`) of "
             f"{', '.join(map(str, files))} has {found} in {len(rows)} rows: a classifier needs at "
             "least two classes. Check the file (a filtered export?) or the label column."
+        )
+    present = sum(1 for row in rows if row[index].strip())
+    if looks_continuous(len(classes), present):
+        raise DataError(
+            f"the label column {spec.label!r} (config field `data.label`) of "
+            f"{', '.join(map(str, files))} has {len(classes)} distinct values in {present} rows: "
+            "it looks continuous or like an identifier, and fullthrottle trains classifiers. "
+            "Bucket it into classes first, or pick another label column."
         )
 
 
@@ -239,8 +305,12 @@ def _check_schema_file(spec: DataSpec) -> None:
     path = Path(spec.schema_path)
     if not path.is_file():
         raise DataError(
-            f"schema file {path} (config field `data.schema_path`) does not exist; write one with "
-            "`fullthrottle schema --data ... --output schema.pbtxt`"
+            missing_path_message(
+                path,
+                "schema file",
+                " (config field `data.schema_path`); write one with "
+                "`fullthrottle schema --data ... --output schema.pbtxt`",
+            )
         )
     from google.protobuf import text_format
     from tensorflow_metadata.proto.v0 import schema_pb2
@@ -259,6 +329,10 @@ def _check_schema_file(spec: DataSpec) -> None:
             f"schema file {path} (config field `data.schema_path`) does not describe the "
             f"configured column(s) {', '.join(map(repr, missing))}; add them to the schema"
         )
+    types = {f.name: schema_pb2.FeatureType.Name(f.type) for f in schema.feature}
+    findings = type_findings(spec.numeric, types)
+    if findings:
+        raise DataError(report(findings, source=f"schema file {path} (`data.schema_path`)"))
 
 
 def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
@@ -299,8 +373,66 @@ def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
 def prepare_data(config: Config) -> PreparedData:
     """Checks the configured data and stages it for ExampleGen; raises `DataError` when unusable."""
     spec = config.data
+    hidden = hidden_reason(config.output_path)
+    if hidden is not None:
+        # Written inside the userland, the outputs would be lost with it, not on the host.
+        raise DataError(f"the output folder (`output_dir`) cannot be used: {hidden}")
     _check_schema_file(spec)
     files = source_files(spec)
     if spec.format == "tfrecord":
         return _prepare_tfrecord(spec, files)
     return _prepare_csv(spec, files, config.staged_data_dir)
+
+
+def read_input_cells(
+    input_base: str, *, data_format: str, columns: list[str]
+) -> dict[str, list[tuple[str, str]]]:
+    """`(place, cell)` pairs of `columns` in the data ExampleGen read from `input_base`.
+
+    For the DataGate, on any runner (tf.io.gfile reads local paths and object stores alike).
+    CSV: every file in the folder, its header split as CsvExampleGen splits it (at commas),
+    places "data.csv line 7". TFRecord: every record of every file, places "part-0.gz record 3";
+    numbers are written as text, bytes decoded as UTF-8. A missing cell or feature is "".
+    """
+    import tensorflow as tf
+
+    files = sorted(
+        path
+        for path in tf.io.gfile.glob(os.path.join(input_base, "*"))
+        if not os.path.basename(path).startswith(".") and not tf.io.gfile.isdir(path)
+    )
+    cells: dict[str, list[tuple[str, str]]] = {column: [] for column in columns}
+    for path in files:
+        name = os.path.basename(path)
+        if data_format == "csv":
+            with tf.io.gfile.GFile(path, "r") as f:
+                header = f.readline().rstrip("\r\n").split(",")
+                reader = csv.reader(f)
+                line = 2
+                for row in reader:
+                    if row and any(cell.strip() for cell in row) and len(row) == len(header):
+                        values = dict(zip(header, row, strict=True))
+                        for column in columns:
+                            cells[column].append((f"{name} line {line}", values.get(column, "")))
+                    line = reader.line_num + 2
+            continue
+        with tf.io.gfile.GFile(path, "rb") as f:
+            compression = "GZIP" if f.read(2) == b"\x1f\x8b" else ""
+        dataset = tf.data.TFRecordDataset([path], compression_type=compression)
+        for number, record in enumerate(dataset.as_numpy_iterator(), start=1):
+            features = tf.train.Example.FromString(record).features.feature
+            for column in columns:
+                cells[column].append((f"{name} record {number}", _first_value(features, column)))
+    return cells
+
+
+def _first_value(features: object, column: str) -> str:
+    if column not in features:  # type: ignore[operator]
+        return ""
+    feature = features[column]  # type: ignore[index]
+    kind = feature.WhichOneof("kind")
+    values = list(getattr(feature, kind).value) if kind else []
+    if not values:
+        return ""
+    value = values[0]
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else repr(value)

@@ -72,7 +72,7 @@ def flatten(data: Any, prefix: str = "") -> dict[str, str]:
             flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
         return flat
     if isinstance(data, (list, tuple)):
-        value = json.dumps(data, default=str)
+        value = json.dumps(data, default=str, ensure_ascii=False)
     else:
         value = "None" if data is None else str(data)
     return {prefix: str(redact_value(prefix, value))[:6000]}

@@ -9,6 +9,11 @@
 #      is said; with driver files (real files named by a recorded-style listing) they appear
 #      read-only under /usr/local/nvidia and on LD_LIBRARY_PATH/PATH, and leave no mount behind.
 #      On a host with a real driver, nvidia-smi runs inside.
+#   6. host paths (userland mode, as root): a CSV in a folder outside the repo, the working
+#      directory and /tmp trains; the outputs land on a small tmpfs mounted under the working
+#      directory (checked on that filesystem, and nothing beneath it); a host path under a folder
+#      the userland has itself (/var/lib/...) is refused with the reason when only a config file
+#      names it, and read when the command line names it.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ENVRUN="$REPO/bin/envrun"
@@ -77,4 +82,46 @@ if [[ "$(basename "$env_dir")" == rootfs-* ]]; then # a venv sees the host's dri
     [[ "$(cat "$drv/libcuda.so.550.54.15")" == "the driver library" ]] || fail "a driver file was changed from inside"
     if grep -q "fullthrottle-nvidia\|$drv" /proc/self/mountinfo; then fail "a driver mount outlived the command"; fi
     echo "ok: driver files are handed over read-only under /usr/local/nvidia and leave no mount behind"
+fi
+
+if [[ "$(basename "$env_dir")" == rootfs-* && $EUID -eq 0 ]]; then
+    hp=$(mktemp -d /srv/fullthrottle-envrun-check.XXXXXX)
+    # Under a folder the userland has itself: shown only when the command line names it. The
+    # shallowest host folder the userland lacks (this one, fixed) is what envrun shows there.
+    hidden_base=/var/lib/fullthrottle-envrun-check
+    mkdir -p "$hidden_base"
+    hidden=$(mktemp -d "$hidden_base/run.XXXXXX")
+    cleanup_paths() {
+        umount "$hp/work/out" 2>/dev/null || true
+        rm -rf "$hp" "$hidden" "$log" "$drv" ${scratch:+"$scratch"}
+        rmdir "$hidden_base" 2>/dev/null || true
+    }
+    trap cleanup_paths EXIT
+    mkdir -p "$hp/data" "$hp/work/out"
+    "$ENVRUN" python -c 'from fullthrottle.core.bundled import bundled_path; print(bundled_path("palmerpenguins").read_text(), end="")' \
+        >"$hp/data/penguins.csv" 2>"$log" || { cat "$log" >&2; fail "cannot write the penguins CSV"; }
+    cp "$hp/data/penguins.csv" "$hidden/penguins.csv"
+    mount -t tmpfs -o size=256m fullthrottle-envrun-check "$hp/work/out"
+    (cd "$hp/work" && "$ENVRUN" fullthrottle run --data "$hp/data/penguins.csv" --output-dir out \
+        --set training.train_steps=20 --set evaluation.accuracy_threshold=0) >"$log" 2>&1 ||
+        { tail -40 "$log" >&2; fail "a run on a CSV under /srv, outputs on a tmpfs under the working directory, failed"; }
+    pushed=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["pushed_model_dir"] or "")' "$hp/work/out/last_run.json")
+    [[ "$pushed" == "$hp/work/out/serving/"* && -f "$pushed/saved_model.pb" ]] || fail "no pushed model under the output folder: '$pushed'"
+    for file in "$hp/work/out/last_run.json" "$pushed/saved_model.pb"; do
+        [[ "$(findmnt -n -o SOURCE --target "$file")" == fullthrottle-envrun-check ]] || fail "$file is not on the tmpfs mounted under the working directory"
+    done
+    umount "$hp/work/out"
+    [[ -z "$(ls -A "$hp/work/out")" ]] || fail "outputs landed on the disk beneath the tmpfs: $(ls -A "$hp/work/out")"
+    echo "ok: a CSV under /srv trains; the outputs are on the tmpfs mounted under the working directory"
+
+    printf 'data:\n  path: %s/penguins.csv\n' "$hidden" >"$hp/work/hidden.yaml"
+    if (cd "$hp/work" && "$ENVRUN" fullthrottle run --config hidden.yaml --output-dir out2) >"$log" 2>&1; then
+        fail "a run on a data path the userland hides did not stop"
+    fi
+    message=$(tr '\n' ' ' <"$log")
+    [[ "$message" == *"cannot be reached"*"is on the host, not inside bin/envrun's Debian 13 userland"* && "$message" != *Traceback* ]] ||
+        { cat "$log" >&2; fail "a hidden data path was not refused with the reason"; }
+    (cd "$hp/work" && "$ENVRUN" fullthrottle init --data "$hidden/penguins.csv" --label species --output init.yaml) >"$log" 2>&1 ||
+        { cat "$log" >&2; fail "init could not read a path under /var/lib named on the command line"; }
+    echo "ok: a path under the userland's /var/lib is refused with the reason from a config file, read from the command line"
 fi

@@ -1,0 +1,53 @@
+"""Host paths a user names, and whether this process can see them.
+
+In `bin/envrun`'s Debian 13 userland (rootfs mode) the host's folders are shown at their own
+paths, filesystems mounted below them included: every top-level folder the userland does not
+have itself (/home, /root, /mnt, /srv, /data, ...), /tmp, the repo, the working directory, and
+any path a command-line argument names under the userland's own folders (/var, /opt, /usr...).
+envrun lists them in `FULLTHROTTLE_HOST_PATHS`. A path outside them (named only in a config
+file, say) is not "missing": the userland hides it, and the message says so and what to do.
+Outside envrun's userland (a venv, a container) the variable is unset and every path is what it
+is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+HOST_PATHS_VARIABLE = "FULLTHROTTLE_HOST_PATHS"
+
+
+def visible_roots() -> tuple[str, ...] | None:
+    """The host folders visible here, or None when every path is (not in envrun's userland)."""
+    value = os.environ.get(HOST_PATHS_VARIABLE)
+    if not value:
+        return None
+    return tuple(path for path in value.split(":") if path)
+
+
+def hidden_reason(path: str | Path) -> str | None:
+    """Why `path` cannot be reached here when envrun's userland hides it; None otherwise."""
+    roots = visible_roots()
+    if roots is None or "://" in str(path):
+        return None
+    absolute = os.path.abspath(path)
+    for root in roots:
+        if absolute == root or absolute.startswith(root.rstrip("/") + "/"):
+            return None
+    top = "/" + absolute.strip("/").split("/")[0]
+    return (
+        f"{absolute} is on the host, not inside bin/envrun's Debian 13 userland: {top} there is "
+        "the userland's own folder, and a host path under it is shown only when a command-line "
+        f"argument names it (e.g. --data {absolute}, --set data.path={absolute}), not when only a "
+        "config file does. Name it on the command line, or keep it under a folder that is "
+        f"always shown: {', '.join(roots)}"
+    )
+
+
+def missing_path_message(path: str | Path, what: str, hint: str) -> str:
+    """`what` (e.g. "data path") does not exist, or why it cannot be seen here, and `hint`."""
+    reason = hidden_reason(path)
+    if reason is not None:
+        return f"{what} {path} cannot be reached: {reason}"
+    return f"{what} {path} does not exist{hint}"

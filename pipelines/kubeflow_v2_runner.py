@@ -96,9 +96,12 @@ def check_for_kubeflow(config: Config) -> None:
         )
 
 
-def build_kubeflow_pipeline(config: Config) -> Any:
+def build_kubeflow_pipeline(
+    config: Config, *, trainer_tracking: Mapping[str, Any] | None = None
+) -> Any:
     """The same pipeline as `fullthrottle run`, with the pods' paths and the Beam args for the
-    cluster; no MLMD connection (KFP brings its own)."""
+    cluster; no MLMD connection (KFP brings its own). `trainer_tracking`: the Trainer's MLflow
+    link, for a tracking server the pods reach."""
     from pipelines.pipeline import create_pipeline
 
     check_for_kubeflow(config)
@@ -119,15 +122,18 @@ def build_kubeflow_pipeline(config: Config) -> Any:
         # The image installs the project here (Dockerfile: WORKDIR/COPY): shipped files such as
         # the curated schema are read from the image's copy.
         project_root=IMAGE_PROJECT_ROOT,
+        trainer_tracking=trainer_tracking,
     )
 
 
-def compile_pipeline(config: Config) -> dict[str, Any]:
+def compile_pipeline(
+    config: Config, *, trainer_tracking: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Compiles to a KFP `PipelineJob` dict (`pipelineSpec` + `runtimeConfig`), with per-step
     resources and caching written in. Writes nothing."""
     from tfx import v1 as tfx
 
-    pipeline = build_kubeflow_pipeline(config)
+    pipeline = build_kubeflow_pipeline(config, trainer_tracking=trainer_tracking)
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
         config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
             display_name=config.pipeline_name,

@@ -139,6 +139,10 @@ def compile_pipeline(
             display_name=config.pipeline_name,
             default_image=config.kubeflow.image,
             default_commands=list(ENTRYPOINT),
+            # Schema 2.1: each step reads its parameters from the executor input's
+            # `parameterValues`, which the KFP backend fills; with 2.0, TFX's launcher reads
+            # only the older `parameters` field and a step gets no execution properties.
+            use_pipeline_spec_2_1=True,
         ),
     )
     job = runner.run(pipeline, write_out=False)

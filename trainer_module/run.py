@@ -147,15 +147,16 @@ def stable_work_dir(fn_args: Any, *, key_material: dict[str, Any]) -> str:
     key = hashlib.sha256(
         json.dumps(key_material, sort_keys=True, default=str).encode()
     ).hexdigest()[:16]
-    # model_run_dir = <pipeline_root>/Trainer/model_run/<execution id>
-    trainer_root = os.path.dirname(os.path.dirname(os.path.normpath(fn_args.model_run_dir)))
+    # model_run_dir = <pipeline_root>/Trainer/model_run/<execution id>. Not normpath: it would
+    # turn "gs://bucket" into the local path "gs:/bucket".
+    trainer_root = os.path.dirname(os.path.dirname(str(fn_args.model_run_dir).rstrip("/")))
     return os.path.join(trainer_root, "training_state", key)
 
 
 def _copy_tree(source: str, target: str) -> None:
     for directory, _, files in tf.io.gfile.walk(source):
         relative = os.path.relpath(directory, source)
-        destination = os.path.normpath(os.path.join(target, relative))
+        destination = target if relative == "." else os.path.join(target, relative)
         tf.io.gfile.makedirs(destination)
         for name in files:
             tf.io.gfile.copy(

@@ -1,19 +1,21 @@
 # The images every Kubeflow step and every TFJob replica runs (see docs/kubeflow.md). Two targets
-# from the one lock:
+# from the runtime lock (requirements-runtime.lock: what pyproject.toml's dependencies and its
+# `gpu` extra resolve to, at the versions of requirements.lock, without the `dev` group's test
+# and lint tools):
 #   gpu (the default)  the whole lock, CUDA 12 libraries included as wheels (tensorflow[and-cuda]):
 #                      for the Trainer and TFJob replicas, which request nvidia.com/gpu.
 #   cpu                the same minus the CUDA wheels (4.1 GB smaller): for the other steps.
 # The CUDA libraries come from the wheels, not from an NVIDIA CUDA base image: they are the
-# versions TensorFlow was built and tested against, pinned and hashed in requirements.lock like
+# versions TensorFlow was built and tested against, pinned and hashed in the lock like
 # everything else, the same files bin/envrun installs; the base stays Debian 13 for the
 # ml-metadata and TFDV wheels (glibc >= 2.39). The driver comes from the node, as NVIDIA's
 # device plugin and container toolkit hand it to a container.
 #
 # NOT BUILT on the machines this project is developed on: they have no Docker engine. What is
-# checked there (tests/test_kubeflow_image.py): each stage installs exactly requirements.lock
-# with hashes and resolves nothing else, the cpu target drops exactly the lock's CUDA wheels,
-# no compiler reaches a final image, both run as a non-root user, and their ENTRYPOINT is the
-# command the compiled spec calls.
+# checked there (tests/test_kubeflow_image.py): each stage installs exactly the runtime lock
+# with hashes and resolves nothing else, no test or lint tool is in it, the cpu target drops
+# exactly the lock's CUDA wheels, no compiler reaches a final image, both run as a non-root
+# user, and their ENTRYPOINT is the command the compiled spec calls.
 #
 # Build from the repo root:
 #   docker build -t <registry>/fullthrottle:0.1.0 .                        # gpu
@@ -33,7 +35,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/*
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-COPY requirements.lock /opt/requirements.lock
+COPY requirements-runtime.lock /opt/requirements.lock
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --require-hashes --no-deps -r /opt/requirements.lock \
     && /opt/venv/bin/pip check \

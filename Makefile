@@ -2,6 +2,7 @@
 # environment on first use (bin/envrun). Everything else here is for developers.
 ENVRUN := bin/envrun
 PYTEST_ARGS ?=
+LOCK_TARGET := --python-version 3.13 --python-platform x86_64-manylinux_2_39
 
 .PHONY: run test bench gpu-check lint lock env
 
@@ -25,6 +26,8 @@ lint:  ## ruff (lint + format) and the import contracts of docs/architecture.md
 env:  ## build (or check) the environment only
 	$(ENVRUN) python -c "import tfx, tensorflow; print('tfx', tfx.__version__, 'tensorflow', tensorflow.__version__)"
 
-lock:  ## re-resolve requirements.in into the hashed lock (needs `uv` on the host)
-	uv pip compile requirements.in --python-version 3.13 --python-platform x86_64-manylinux_2_39 \
+lock:  ## re-resolve pyproject.toml into the hashed locks (needs `uv` on the host)
+	uv pip compile pyproject.toml --extra gpu --group pyproject.toml:dev $(LOCK_TARGET) \
 		--generate-hashes --quiet -o requirements.lock
+	uv pip compile pyproject.toml --extra gpu -c requirements.lock $(LOCK_TARGET) \
+		--generate-hashes --quiet -o requirements-runtime.lock

@@ -13,18 +13,19 @@ text by the schema) and label values written several ways stop the run here, wit
 and where they are, so data that changed since `fullthrottle init` is caught before Transform.
 
 The component only unpacks artifacts; `read_anomalies`, `format_report` and `data_findings`
-are tested on their own.
+are tested on their own. Files go through TFX's filesystem layer (`fileio`), so artifacts on
+gs:// or s3:// pipeline roots are read and written like local ones.
 """
 
 # No `from __future__ import annotations`: TFX's @component reads the real annotation types.
 import hashlib
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from typing import Any
 
 from tfx import v1 as tfx
+from tfx.dsl.io import fileio
 
 from fullthrottle.core.data_checks import Finding, gate_findings, report
 from fullthrottle.core.errors import DataError
@@ -71,12 +72,12 @@ def read_anomalies(anomalies_uri: str, split_names: list[str]) -> list[Anomaly]:
     found: list[Anomaly] = []
     for split in split_names:
         path = os.path.join(anomalies_uri, f"Split-{split}", ANOMALIES_FILE)
-        if not os.path.exists(path):
+        if not fileio.exists(path):
             raise DataError(
                 f"the data gate found no anomalies file for split {split!r} at {path}; "
                 "ExampleValidator's output is incomplete: rerun the pipeline"
             )
-        with open(path, "rb") as f:
+        with fileio.open(path, "rb") as f:
             proto = anomalies_pb2.Anomalies.FromString(f.read())
         infos = sorted(proto.anomaly_info.items())
         if proto.HasField("dataset_anomaly_info"):
@@ -115,7 +116,7 @@ def schema_types(schema_uri: str) -> dict[str, str]:
     from google.protobuf import text_format
     from tensorflow_metadata.proto.v0 import schema_pb2
 
-    with open(os.path.join(schema_uri, SCHEMA_FILE), encoding="utf-8") as f:
+    with fileio.open(os.path.join(schema_uri, SCHEMA_FILE), "r") as f:
         schema = text_format.Parse(f.read(), schema_pb2.Schema())
     return {feature.name: schema_pb2.FeatureType.Name(feature.type) for feature in schema.feature}
 
@@ -169,7 +170,7 @@ def describe_inputs(spec: Any, input_base: str) -> str:
 
 
 def file_digest(path: str) -> str:
-    with open(path, "rb") as f:
+    with fileio.open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
 
 
@@ -193,11 +194,11 @@ def ImportSchema(  # noqa: N802 - TFX names the component (and its node id) afte
             f"the schema {schema_file} (config field `data.schema_path`) changed while the "
             "pipeline was running; rerun to use the new version"
         )
-    with open(schema_file, encoding="utf-8") as f:
+    with fileio.open(schema_file, "r") as f:
         parsed = text_format.Parse(f.read(), schema_pb2.Schema())
-    os.makedirs(schema.uri, exist_ok=True)
+    fileio.makedirs(schema.uri)
     # Downstream readers expect exactly one file in the artifact folder.
-    with open(os.path.join(schema.uri, SCHEMA_FILE), "w", encoding="utf-8") as f:
+    with fileio.open(os.path.join(schema.uri, SCHEMA_FILE), "w") as f:
         f.write(text_format.MessageToString(parsed))
 
 
@@ -228,8 +229,8 @@ def DataGate(  # noqa: N802 - TFX names the component (and its node id) after th
             found,
             findings,
         )
-    os.makedirs(validated_schema.uri, exist_ok=True)
-    for name in os.listdir(schema.uri):
+    fileio.makedirs(validated_schema.uri)
+    for name in fileio.listdir(schema.uri):
         source = os.path.join(schema.uri, name)
-        if os.path.isfile(source):
-            shutil.copy2(source, os.path.join(validated_schema.uri, name))
+        if not fileio.isdir(source):
+            fileio.copy(source, os.path.join(validated_schema.uri, name), overwrite=True)

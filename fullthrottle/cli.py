@@ -24,6 +24,7 @@ COMMANDS = (
     "doctor",
     "compare",
     "ui",
+    "tensorboard",
     "serve",
     "predict",
     "deploy_kit",

@@ -1,7 +1,9 @@
 """What a pipeline run did, read back from ML Metadata (the record TFX itself keeps).
 
-One function reads the newest run of a pipeline: each component's state and duration, whether
-the model was blessed and pushed and where, the evaluation metrics and the trainer's summary.
+`read_latest_run` reads the newest run of a pipeline: each component's state and duration,
+whether the model was blessed and pushed and where, the evaluation metrics and the trainer's
+summary. The pieces it is made of (`open_store`, `latest_run`, `run_executions`) are what the
+progress lines read too, through ML Metadata's own API, never its SQL tables.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from ml_metadata.proto import metadata_store_pb2
 
 from trainer_module.training.results import SUMMARY_FILE
 
-_STATES = {
+# ML Metadata's execution states, as shown to people.
+EXECUTION_STATES = {
+    metadata_store_pb2.Execution.UNKNOWN: "unknown",
     metadata_store_pb2.Execution.NEW: "new",
     metadata_store_pb2.Execution.RUNNING: "running",
     metadata_store_pb2.Execution.COMPLETE: "complete",
@@ -24,6 +28,8 @@ _STATES = {
     metadata_store_pb2.Execution.CACHED: "cached",
     metadata_store_pb2.Execution.CANCELED: "canceled",
 }
+RUN_CONTEXT = "pipeline_run"  # TFX's context type of one pipeline run
+NODE_CONTEXT = "node"  # TFX's context type of one component, named "<pipeline>.<component>"
 
 
 @dataclass
@@ -46,13 +52,62 @@ class RunOutcome:
     training_summary: dict[str, Any] | None
 
 
-def _store(mlmd_path: str) -> metadata_store.MetadataStore:
+def open_store(mlmd_path: str, *, read_only: bool = False) -> metadata_store.MetadataStore:
+    """The ML Metadata store in the SQLite file `mlmd_path` (`read_only`: opened read-only)."""
     config = metadata_store_pb2.ConnectionConfig()
     config.sqlite.filename_uri = mlmd_path
     config.sqlite.connection_mode = (
-        metadata_store_pb2.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+        metadata_store_pb2.SqliteMetadataSourceConfig.READONLY
+        if read_only
+        else metadata_store_pb2.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
     )
     return metadata_store.MetadataStore(config)
+
+
+def latest_run(
+    store: metadata_store.MetadataStore, *, since_ms: int = 0
+) -> metadata_store_pb2.Context | None:
+    """The newest pipeline run created at or after `since_ms` (epoch milliseconds), or None."""
+    runs = [
+        r for r in store.get_contexts_by_type(RUN_CONTEXT) if r.create_time_since_epoch >= since_ms
+    ]
+    return max(runs, key=lambda c: (c.create_time_since_epoch, c.id)) if runs else None
+
+
+@dataclass(frozen=True)
+class RunExecution:
+    """One component's execution in a run: the node's name, its MLMD execution."""
+
+    component: str
+    execution: metadata_store_pb2.Execution
+
+    @property
+    def state(self) -> str:
+        return EXECUTION_STATES.get(self.execution.last_known_state, "unknown")
+
+    @property
+    def seconds(self) -> float:
+        started = self.execution.create_time_since_epoch
+        ended = self.execution.last_update_time_since_epoch or started
+        return max(0.0, (ended - started) / 1000.0)
+
+
+def run_executions(
+    store: metadata_store.MetadataStore, run: metadata_store_pb2.Context
+) -> list[RunExecution]:
+    """The executions of `run` in the order they were created, each named by its component."""
+    found = []
+    for execution in sorted(store.get_executions_by_context(run.id), key=lambda e: e.id):
+        node = next(
+            (
+                c.name.split(".", 1)[-1]  # "<pipeline>.<Component>"
+                for c in store.get_contexts_by_execution(execution.id)
+                if c.type == NODE_CONTEXT
+            ),
+            str(execution.type_id),
+        )
+        found.append(RunExecution(component=node, execution=execution))
+    return found
 
 
 def _prop(artifact: Any, name: str) -> Any:
@@ -87,15 +142,14 @@ def read_latest_run(mlmd_path: str) -> RunOutcome | None:
     """Returns the newest pipeline run recorded in `mlmd_path`, or None when there is none."""
     if not os.path.exists(mlmd_path):
         return None
-    store = _store(mlmd_path)
-    runs = store.get_contexts_by_type("pipeline_run")
-    if not runs:
+    store = open_store(mlmd_path)
+    run = latest_run(store)
+    if run is None:
         return None
-    run = max(runs, key=lambda c: (c.create_time_since_epoch, c.id))
-    executions = sorted(store.get_executions_by_context(run.id), key=lambda e: e.id)
+    executions = run_executions(store, run)
     components: dict[str, ComponentOutcome] = {}
     artifact_ids: dict[int, list[tuple[str, int]]] = {}
-    for event in store.get_events_by_execution_ids([e.id for e in executions]):
+    for event in store.get_events_by_execution_ids([e.execution.id for e in executions]):
         if event.type in (
             metadata_store_pb2.Event.OUTPUT,
             metadata_store_pb2.Event.DECLARED_OUTPUT,
@@ -104,15 +158,8 @@ def read_latest_run(mlmd_path: str) -> RunOutcome | None:
             artifact_ids.setdefault(event.execution_id, []).append((key, event.artifact_id))
     all_ids = sorted({aid for pairs in artifact_ids.values() for _, aid in pairs})
     artifacts = {a.id: a for a in store.get_artifacts_by_id(all_ids)} if all_ids else {}
-    for execution in executions:
-        node = next(
-            (
-                c.name.split(".", 1)[-1]
-                for c in store.get_contexts_by_execution(execution.id)
-                if c.type == "node"
-            ),
-            str(execution.type_id),
-        )
+    for run_execution in executions:
+        execution = run_execution.execution
         outputs: dict[str, list[dict[str, Any]]] = {}
         for key, aid in artifact_ids.get(execution.id, []):
             artifact = artifacts.get(aid)
@@ -131,14 +178,11 @@ def read_latest_run(mlmd_path: str) -> RunOutcome | None:
                     },
                 }
             )
-        seconds = max(
-            0.0,
-            (execution.last_update_time_since_epoch - execution.create_time_since_epoch) / 1000.0,
-        )
+        node = run_execution.component
         components[node] = ComponentOutcome(
             component=node,
-            state=_STATES.get(execution.last_known_state, "unknown"),
-            seconds=seconds,
+            state=run_execution.state,
+            seconds=run_execution.seconds,
             execution_id=execution.id,
             outputs=outputs,
         )

@@ -4,8 +4,9 @@ Two independent displays, both writing whole lines to stderr:
 
 - `PipelineProgress`: a background thread that follows the newest pipeline run in the MLMD
   SQLite store `fullthrottle run` writes, and prints each component's state changes with its
-  duration (``[pipeline] Transform complete 12.4 s``). It reads a byte copy of the store, never
-  the store itself, so it takes no SQLite lock the pipeline could trip over.
+  duration (``[pipeline] Transform complete 12.4 s``). It reads a byte copy of the store with
+  ML Metadata's API (`fullthrottle.outcome`), never the store itself: a plain file read takes no
+  SQLite lock, so nothing it does can make the pipeline's own writes wait or fail.
 - `TrainerProgress`: a `TrainingHook` showing step, loss, examples/s and ETA. On a terminal it
   redraws one line (a bar); otherwise (CI, logs, pipes) it prints plain lines with no control
   characters, at most one per `plain_interval_seconds`, plus the first and last loop.
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sqlite3
 import sys
 import tempfile
 import threading
@@ -26,18 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
+from fullthrottle.outcome import latest_run, open_store, run_executions
 from trainer_module.training import RunFacts, TrainingHook, metrics
 
-# ml_metadata.proto.metadata_store_pb2.Execution.State values (stable in the MLMD schema).
-_STATE_NAMES = {
-    0: "unknown",
-    1: "new",
-    2: "running",
-    3: "complete",
-    4: "failed",
-    5: "cached",
-    6: "canceled",
-}
 _FINAL_STATES = {"complete", "failed", "cached", "canceled"}
 # Erase the current terminal line before writing a full one (TTY only), so a line printed while
 # the trainer's bar is showing does not end up glued to the bar.
@@ -74,52 +65,31 @@ class ComponentState:
 def read_component_states(mlmd_path: str, *, since_ms: int) -> list[ComponentState] | None:
     """Component states of the newest pipeline run created at or after `since_ms`.
 
-    Returns None when there is no such run yet (or the copy could not be read). Reads a copy of
-    the SQLite file: a reader holding a lock on the live store could make the pipeline's own
-    writes fail with "database is locked".
+    Returns None when there is no such run yet, or when the copy could not be read (a copy taken
+    while the pipeline was writing: the next poll takes another). Reads a byte copy of the SQLite
+    file through ML Metadata's API, never the live store: SQLite's readers take a shared lock,
+    and a writer that meets one waits or fails with "database is locked"; copying the file is a
+    plain read, which takes no SQLite lock at all.
     """
     if not os.path.exists(mlmd_path):
         return None
     with tempfile.TemporaryDirectory(prefix="fullthrottle-progress-") as tmp:
         copy = os.path.join(tmp, "mlmd.sqlite")
+        store = None
         try:
             shutil.copyfile(mlmd_path, copy)
-            connection = sqlite3.connect(f"file:{copy}?mode=ro", uri=True)
-        except (OSError, sqlite3.Error):
-            return None
-        try:
-            run = connection.execute(
-                "SELECT c.id FROM Context c JOIN Type t ON c.type_id = t.id "
-                "WHERE t.name = 'pipeline_run' AND c.create_time_since_epoch >= ? "
-                "ORDER BY c.create_time_since_epoch DESC, c.id DESC LIMIT 1",
-                (since_ms,),
-            ).fetchone()
-            if run is None:
-                return None
-            rows = connection.execute(
-                "SELECT e.id, e.last_known_state, e.create_time_since_epoch, "
-                "e.last_update_time_since_epoch, node.name "
-                "FROM Association a JOIN Execution e ON a.execution_id = e.id "
-                "JOIN Association na ON na.execution_id = e.id "
-                "JOIN Context node ON node.id = na.context_id "
-                "JOIN Type nt ON node.type_id = nt.id AND nt.name = 'node' "
-                "WHERE a.context_id = ? ORDER BY e.id",
-                (run[0],),
-            ).fetchall()
-        except sqlite3.Error:  # a copy taken mid-write: try again at the next poll
+            store = open_store(copy, read_only=True)
+            run = latest_run(store, since_ms=since_ms)
+            executions = run_executions(store, run) if run is not None else None
+        except Exception:  # noqa: BLE001 - a torn copy or a store mid-migration: skip this poll
             return None
         finally:
-            connection.close()
-    states = []
-    for _, state, created_ms, updated_ms, node_name in rows:
-        states.append(
-            ComponentState(
-                component=node_name.split(".", 1)[-1],  # "<pipeline>.<Component>"
-                state=_STATE_NAMES.get(state, "unknown"),
-                seconds=max(0.0, ((updated_ms or created_ms) - created_ms) / 1000.0),
-            )
-        )
-    return states
+            del store  # closes the connection before the copy is deleted
+    if executions is None:
+        return None
+    return [
+        ComponentState(component=e.component, state=e.state, seconds=e.seconds) for e in executions
+    ]
 
 
 class PipelineProgress:

@@ -96,9 +96,12 @@ def check_for_kubeflow(config: Config) -> None:
         )
 
 
-def build_kubeflow_pipeline(config: Config) -> Any:
+def build_kubeflow_pipeline(
+    config: Config, *, trainer_tracking: Mapping[str, Any] | None = None
+) -> Any:
     """The same pipeline as `fullthrottle run`, with the pods' paths and the Beam args for the
-    cluster; no MLMD connection (KFP brings its own)."""
+    cluster; no MLMD connection (KFP brings its own). `trainer_tracking`: the Trainer's MLflow
+    link, for a tracking server the pods reach."""
     from pipelines.pipeline import create_pipeline
 
     check_for_kubeflow(config)
@@ -119,20 +122,27 @@ def build_kubeflow_pipeline(config: Config) -> Any:
         # The image installs the project here (Dockerfile: WORKDIR/COPY): shipped files such as
         # the curated schema are read from the image's copy.
         project_root=IMAGE_PROJECT_ROOT,
+        trainer_tracking=trainer_tracking,
     )
 
 
-def compile_pipeline(config: Config) -> dict[str, Any]:
+def compile_pipeline(
+    config: Config, *, trainer_tracking: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
     """Compiles to a KFP `PipelineJob` dict (`pipelineSpec` + `runtimeConfig`), with per-step
     resources and caching written in. Writes nothing."""
     from tfx import v1 as tfx
 
-    pipeline = build_kubeflow_pipeline(config)
+    pipeline = build_kubeflow_pipeline(config, trainer_tracking=trainer_tracking)
     runner = tfx.orchestration.experimental.KubeflowV2DagRunner(
         config=tfx.orchestration.experimental.KubeflowV2DagRunnerConfig(
             display_name=config.pipeline_name,
             default_image=config.kubeflow.image,
             default_commands=list(ENTRYPOINT),
+            # Schema 2.1: each step reads its parameters from the executor input's
+            # `parameterValues`, which the KFP backend fills; with 2.0, TFX's launcher reads
+            # only the older `parameters` field and a step gets no execution properties.
+            use_pipeline_spec_2_1=True,
         ),
     )
     job = runner.run(pipeline, write_out=False)

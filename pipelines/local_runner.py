@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from tfx import v1 as tfx
 
@@ -51,7 +52,11 @@ def run_pipeline(pipeline: tfx.dsl.Pipeline) -> None:
 
 
 def build_local_pipeline(
-    config: Config, *, input_base: str, extra_beam_args: Sequence[str] = ()
+    config: Config,
+    *,
+    input_base: str,
+    extra_beam_args: Sequence[str] = (),
+    trainer_tracking: Mapping[str, Any] | None = None,
 ) -> tfx.dsl.Pipeline:
     config.mlmd_path.parent.mkdir(parents=True, exist_ok=True)
     config.serving_dir.mkdir(parents=True, exist_ok=True)
@@ -64,6 +69,7 @@ def build_local_pipeline(
             str(config.mlmd_path)
         ),
         beam_pipeline_args=[*beam_pipeline_args(config.beam), *extra_beam_args],
+        trainer_tracking=trainer_tracking,
     )
 
 
@@ -97,12 +103,17 @@ def configure_devices(training: TrainingConfig) -> list[TensorFlowGpu]:
     return gpus
 
 
-def run_local(config: Config, *, input_base: str) -> None:
-    """Runs the whole pipeline; component errors propagate unchanged."""
+def run_local(
+    config: Config, *, input_base: str, trainer_tracking: Mapping[str, Any] | None = None
+) -> None:
+    """Runs the whole pipeline; component errors propagate unchanged. `trainer_tracking`: the
+    Trainer's MLflow link (see `create_pipeline`)."""
     gpus = configure_devices(config.training)
     print(
         "fullthrottle: "
         + device_summary(gpus, logical_cpus=config.training.num_logical_cpu_devices),
         file=sys.stderr,
     )
-    run_pipeline(build_local_pipeline(config, input_base=input_base))
+    run_pipeline(
+        build_local_pipeline(config, input_base=input_base, trainer_tracking=trainer_tracking)
+    )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from components.safe_pusher import SafePusher
 from fullthrottle.core.bundled import schema_path_for
 from fullthrottle.core.config import Config
 from fullthrottle.core.features import transformed_name
+from fullthrottle.tracking import LINK_KEY
 
 PREPROCESSING_FN = "trainer_module.transform.preprocessing_fn"
 RUN_FN = "trainer_module.run.run_fn"
@@ -110,8 +111,13 @@ def create_pipeline(
     beam_pipeline_args: Sequence[str] = (),
     trainer_factory: Any | None = None,
     project_root: str | None = None,
+    trainer_tracking: Mapping[str, Any] | None = None,
 ) -> tfx.dsl.Pipeline:
     """Builds the whole pipeline from a validated config; reads nothing, runs nothing.
+
+    `trainer_tracking` is the Trainer's MLflow link (`fullthrottle.tracking`: destination,
+    experiment, pipeline key; the same on every run, so the Trainer's cache key holds), put into
+    its custom_config; None: the Trainer does not track.
 
     `project_root` is where this project's files are when the pipeline runs, when that is not
     here (a container image's copy, for Kubeflow): paths of files it ships, such as the curated
@@ -198,6 +204,7 @@ def create_pipeline(
                 if key not in STEP_COUNTS
             },
             "code_fingerprint": fingerprint,
+            **({LINK_KEY: dict(trainer_tracking)} if trainer_tracking else {}),
         },
     )
     evaluator = tfx.components.Evaluator(

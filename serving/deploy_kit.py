@@ -116,8 +116,19 @@ def _tf_serving_args(config: Config) -> list[str]:
     ]
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a mapping used twice (a Deployment's labels and its selector) out both times:
+    PyYAML would write `&id001` / `*id001` aliases, valid YAML that people and some Kubernetes
+    tools read badly."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
 def _yaml(documents: list[dict]) -> str:
-    return HEADER + "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in documents)
+    return HEADER + "---\n".join(
+        yaml.dump(d, Dumper=_PlainDumper, sort_keys=False) for d in documents
+    )
 
 
 def compose_file(config: Config, *, kit_dir: Path, project_root: Path) -> str:

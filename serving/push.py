@@ -10,7 +10,8 @@ folders by first renaming them out of the integer namespace.
 
 On object stores (``gs://``, ``s3://``) a rename is a copy, so there the files are copied
 straight into the version folder with ``saved_model.pb`` last: TF Serving treats a version as
-loadable only once ``saved_model.pb`` exists. (Not exercised here: no object store is reachable.)
+loadable only once ``saved_model.pb`` exists. Exercised on TensorFlow's in-memory ``ram://``
+filesystem (no object store is reachable here), which goes through the same tf.io.gfile calls.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def _copy_tree(source: str, target: str, *, last: Sequence[str] = ()) -> None:
     deferred = []
     for directory, _, files in tf.io.gfile.walk(source):
         relative = os.path.relpath(directory, source)
-        destination = os.path.normpath(os.path.join(target, relative))
+        # Joined, not normalised: normpath turns "gs://bucket" into the local path "gs:/bucket".
+        destination = target if relative == "." else os.path.join(target, relative)
         tf.io.gfile.makedirs(destination)
         for name in files:
             pair = (os.path.join(directory, name), os.path.join(destination, name))

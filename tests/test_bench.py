@@ -355,11 +355,11 @@ def test_tracking_benchmark_runs_train_with_and_without_mlflow(text_data, tmp_pa
     # The "on" contender really tracked: its Trainer run has the loop metrics.
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("fullthrottle-bench").experiment_id])
-    assert any(r.data.metrics.get("examples_per_second") for r in runs)
+    assert any(r.data.metrics.get("train/examples_per_second") for r in runs)
     # ...and reported what tracking itself cost (its CPU share of the window between loop ends).
     (cpu,) = measured["cpu"]
     assert cpu["hook"] > 0 and 0 < cpu["fraction"] < 1
-    assert any(0 < r.data.metrics.get("tracking_cpu_fraction", 0) < 1 for r in runs)
+    assert any(0 < r.data.metrics.get("tracking/cpu_fraction", 0) < 1 for r in runs)
 
 
 def test_in_memory_contender_trains_ours_model_through_ours_compiled_loop(tmp_path):

@@ -1,6 +1,7 @@
 """The Dockerfile cannot be built here (no Docker engine); these checks keep it consistent with
-the lock and with what the compiled spec and the TFJob replicas call: two targets from one lock,
-`gpu` (the default, with the CUDA wheels) and `cpu` (without), both non-root and compiler-free."""
+the locks and with what the compiled spec and the TFJob replicas call: two targets from the
+runtime lock, `gpu` (the default, with the CUDA wheels) and `cpu` (without), both non-root and
+compiler-free, neither with the development tools."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import fnmatch
 import json
 import re
 import subprocess
+import tomllib
 from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from components.tfjob_trainer import WORKER_COMMAND
 from pipelines.kubeflow_v2_runner import ENTRYPOINT
@@ -70,9 +75,15 @@ def _commands(stage: str) -> list[str]:
     return [c.strip() for run in _body(stage, "RUN") for c in re.split(r"&&|;", run)]
 
 
-def _lock_pins() -> dict[str, str]:
-    lock = (REPO / "requirements.lock").read_text()
-    return dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+) \\$", lock, re.M))
+RUNTIME_LOCK = "requirements-runtime.lock"
+
+
+def _lock_pins(name: str = RUNTIME_LOCK) -> dict[str, str]:
+    lock = (REPO / name).read_text()
+    return {
+        canonicalize_name(package): version
+        for package, version in re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+) \\$", lock, re.M)
+    }
 
 
 def test_base_is_python_313_on_a_glibc_that_loads_the_locked_wheels():
@@ -100,21 +111,43 @@ def test_installs_exactly_the_lock_and_the_project_without_resolving():
     pip_installs = {
         stage: [c for c in _commands(stage) if re.search(r"\bpip install\b", c)] for stage in STAGES
     }
-    # The build stage installs the lock, and only the lock.
+    # The build stage installs the runtime lock, and only that lock.
     (lock_install,) = pip_installs["venv"]
     assert "--require-hashes" in lock_install and "--no-deps" in lock_install
-    assert re.search(r"-r \S*requirements\.lock\b", lock_install)
-    assert any(args.split()[0] == "requirements.lock" for args in _body("venv", "COPY"))
+    assert re.search(r"-r /opt/requirements\.lock\b", lock_install)
+    assert any(
+        args.split() == [RUNTIME_LOCK, "/opt/requirements.lock"] for args in _body("venv", "COPY")
+    )
     # Each final image adds the project, and nothing else, on top of that venv.
     for stage in FINAL:
         own = [c for c in pip_installs[stage] if c not in pip_installs["venv"]]
         (project_install,) = own
         assert "--no-deps" in project_install and "--no-build-isolation" in project_install
-    # The lock itself is complete and hashed: every pinned package carries a hash.
-    lock = (REPO / "requirements.lock").read_text()
-    pins = re.findall(r"^([A-Za-z0-9_.\-\[\]]+)==\S+ \\\n\s+--hash=sha256:", lock, re.M)
-    assert len(pins) == len(re.findall(r"^[A-Za-z0-9_.\-\[\]]+==", lock, re.M)) > 100
-    assert "setuptools" in {p.lower() for p in pins}  # no build isolation needs it from the lock
+    # Both locks are complete and hashed: every pinned package carries a hash.
+    for name in ("requirements.lock", RUNTIME_LOCK):
+        lock = (REPO / name).read_text()
+        pins = re.findall(r"^([A-Za-z0-9_.\-\[\]]+)==\S+ \\\n\s+--hash=sha256:", lock, re.M)
+        assert len(pins) == len(re.findall(r"^[A-Za-z0-9_.\-\[\]]+==", lock, re.M)) > 100, name
+    # No build isolation in the image: setuptools must come from the runtime lock.
+    assert "setuptools" in _lock_pins()
+
+
+def test_the_runtime_lock_is_the_runtime_set_at_the_development_lock_s_versions():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    runtime, full = _lock_pins(), _lock_pins("requirements.lock")
+    # The same version of everything the images and the development environment share.
+    assert {name: full.get(name) for name in runtime} == runtime
+    # Every runtime dependency (and the `gpu` extra) is in it; no development tool is.
+    declared = [
+        *project["project"]["dependencies"],
+        *project["project"]["optional-dependencies"]["gpu"],
+    ]
+    assert {canonicalize_name(Requirement(r).name) for r in declared} <= set(runtime)
+    dev_tools = {
+        canonicalize_name(Requirement(r).name) for r in project["dependency-groups"]["dev"]
+    }
+    assert dev_tools <= set(full), "the development lock holds the dev group"
+    assert not dev_tools & set(runtime), dev_tools & set(runtime)
 
 
 def test_the_gpu_image_has_the_cuda_wheels_and_the_cpu_image_drops_exactly_those():
@@ -127,7 +160,7 @@ def test_the_gpu_image_has_the_cuda_wheels_and_the_cpu_image_drops_exactly_those
     selection = (
         re.search(r"\$\((.*)\)", uninstall)
         .group(1)
-        .replace("/opt/requirements.lock", str(REPO / "requirements.lock"))
+        .replace("/opt/requirements.lock", str(REPO / RUNTIME_LOCK))
     )
     dropped = set(
         subprocess.run(

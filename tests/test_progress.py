@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import os
 import re
+import shutil
+import sqlite3
 
 import pytest
 
@@ -82,6 +84,30 @@ def test_component_states_are_read_back_from_the_run_store(own_data):
     # A run that started after the newest one recorded is not there yet.
     assert read_component_states(str(mlmd), since_ms=2**62) is None
     assert read_component_states(str(own_data.workdir / "missing.sqlite"), since_ms=0) is None
+
+
+@pytest.mark.slow
+def test_the_poller_reads_while_a_writer_holds_the_store_exclusively(own_data, tmp_path):
+    """The poller takes no SQLite lock on the live store, so it can never make the pipeline's
+    own writes wait or fail: it reads a byte copy, through ML Metadata's API."""
+    live = tmp_path / "live.sqlite"
+    shutil.copyfile(next((own_data.output_dir / "metadata").glob("*.sqlite")), live)
+    writer = sqlite3.connect(live, timeout=0, isolation_level=None)
+    try:
+        writer.execute("BEGIN EXCLUSIVE")  # what a pipeline holds while it commits
+        # Anything that reads through SQLite is refused now (and, the other way round, a reader
+        # holding its shared lock makes such a writer fail with "database is locked").
+        reader = sqlite3.connect(f"file:{live}?mode=ro", uri=True, timeout=0)
+        with pytest.raises(sqlite3.OperationalError, match="locked"):
+            reader.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        reader.close()
+        states = read_component_states(str(live), since_ms=0)
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    assert states is not None
+    assert set(COMPONENTS) <= {s.component for s in states}
+    assert {s.state for s in states} == {"complete"}
 
 
 def _train_with(tmp_path, hook: TrainerProgress, steps: int = 60):

@@ -175,3 +175,117 @@ def test_bundled_run_passes_the_gate_with_the_curated_schema(penguins_run):
     assert components["ImportSchema"]["state"] in ("complete", "cached")
     assert components["DataGate"]["state"] in ("complete", "cached")
     assert "SchemaGen" not in components
+
+
+# --- a filesystem that is not the local disk -------------------------------------------------
+def _to_ram(local: Path, target: str) -> str:
+    """Copies a local folder into TensorFlow's in-memory filesystem (ram://)."""
+    import tensorflow as tf
+
+    for directory, _, files in tf.io.gfile.walk(str(local)):
+        destination = target + "/" + str(Path(directory).relative_to(local)).strip(".")
+        tf.io.gfile.makedirs(destination)
+        for name in files:
+            tf.io.gfile.copy(f"{directory}/{name}", f"{destination.rstrip('/')}/{name}")
+    return target
+
+
+def _artifact_dir(output_dir: Path, component: str, key: str) -> Path:
+    (found,) = (output_dir / "pipeline_root" / "fullthrottle-penguins" / component / key).iterdir()
+    return found
+
+
+def test_the_gate_the_schema_import_and_the_pusher_work_on_a_non_local_filesystem(penguins_run):
+    """ram:// (TensorFlow's in-memory filesystem, no network) stands in for gs:// and s3://: the
+    components reach it only through TFX's fileio and tf.io.gfile, as they would an object store.
+    The bundled run's artifacts are copied there; each executor runs on the copies."""
+    import json
+    import time
+
+    import tensorflow as tf
+    from tfx.types import standard_artifacts
+
+    from components.data_gate import SCHEMA_FILE, DataGate, ImportSchema, file_digest
+    from components.safe_pusher import Executor as PusherExecutor
+    from serving.push import WARMUP_RELATIVE_PATH
+
+    output_dir, _ = penguins_run
+    root = f"ram://fileio-{time.monotonic_ns()}"
+
+    def artifact(kind, uri, **properties):
+        made = kind()
+        made.uri = uri
+        for name, value in properties.items():
+            setattr(made, name, value)
+        return made
+
+    # ImportSchema reads its file from there and writes its artifact there.
+    curated = _to_ram(PENGUINS_SCHEMA.parent, f"{root}/curated")
+    schema_file = f"{curated}/{PENGUINS_SCHEMA.name}"
+    imported = artifact(standard_artifacts.Schema, f"{root}/ImportSchema/schema")
+    ImportSchema.EXECUTOR_SPEC.executor_class().Do(
+        {},
+        {"schema": [imported]},
+        {"schema_file": schema_file, "schema_digest": file_digest(schema_file)},
+    )
+    written = tf.io.gfile.GFile(f"{imported.uri}/{SCHEMA_FILE}").read()
+    assert text_format.Parse(written, schema_pb2.Schema()).feature
+
+    # The gate reads the run's anomalies (none) and passes the schema on, both in ram://.
+    splits = json.dumps(["train", "eval"])
+    anomalies = artifact(
+        standard_artifacts.ExampleAnomalies,
+        _to_ram(_artifact_dir(output_dir, "ExampleValidator", "anomalies"), f"{root}/anomalies"),
+        split_names=splits,
+    )
+    validated = artifact(standard_artifacts.Schema, f"{root}/DataGate/validated_schema")
+    DataGate.EXECUTOR_SPEC.executor_class().Do(
+        {"anomalies": [anomalies], "schema": [imported]},
+        {"validated_schema": [validated]},
+        {"input_files": "penguins.csv", "schema_source": schema_file},
+    )
+    assert tf.io.gfile.listdir(validated.uri) == [SCHEMA_FILE]
+    assert tf.io.gfile.GFile(f"{validated.uri}/{SCHEMA_FILE}").read() == written
+
+    # The Pusher publishes the run's model from ram:// into ram://, with its warmup records.
+    model = artifact(
+        standard_artifacts.Model,
+        _to_ram(_artifact_dir(output_dir, "Trainer", "model"), f"{root}/Trainer/model"),
+    )
+    examples = artifact(
+        standard_artifacts.Examples,
+        _to_ram(_artifact_dir(output_dir, "CsvExampleGen", "examples"), f"{root}/examples"),
+        split_names=splits,
+    )
+    serving_dir = f"{root}/serving/penguins"
+    push_config = json.dumps(
+        {"warmup_requests": 8, "keep_versions": 0, "tflite": False, "tflite_quantize": False}
+    )
+    properties = {"serving_dir": serving_dir, "model_name": "penguins", "label": "species",
+                  "push_config": push_config}  # fmt: skip
+    pushed = artifact(standard_artifacts.PushedModel, f"{root}/Pusher/pushed_model")
+    PusherExecutor().Do({"model": [model], "examples": [examples]}, {"pushed_model": [pushed]},
+                        properties)  # fmt: skip
+    version = pushed.get_string_custom_property("pushed_version")
+    version_dir = pushed.get_string_custom_property("pushed_destination")
+    assert version_dir == f"{serving_dir}/{version}" and version.isdigit()
+    assert [n.rstrip("/") for n in tf.io.gfile.listdir(serving_dir)] == [version]
+    records = list(tf.data.TFRecordDataset(f"{version_dir}/{WARMUP_RELATIVE_PATH}"))
+    assert len(records) == 8
+    loaded = tf.saved_model.load(version_dir)
+    assert "predict_raw" in loaded.signatures
+    # The Trainer's checkpoint folder stays on that filesystem too.
+    from types import SimpleNamespace
+
+    from trainer_module.run import stable_work_dir
+
+    work_dir = stable_work_dir(
+        SimpleNamespace(model_run_dir=f"{root}/Trainer/model_run/7/"), key_material={"a": 1}
+    )
+    assert work_dir.startswith(f"{root}/Trainer/training_state/"), work_dir
+    # Pushed again (a rerun after a kill): the same version is found, nothing new published.
+    again = artifact(standard_artifacts.PushedModel, f"{root}/Pusher/pushed_model_again")
+    PusherExecutor().Do({"model": [model], "examples": [examples]}, {"pushed_model": [again]},
+                        properties)  # fmt: skip
+    assert again.get_string_custom_property("pushed_version") == version
+    assert [n.rstrip("/") for n in tf.io.gfile.listdir(serving_dir)] == [version]

@@ -1,4 +1,4 @@
-"""`fullthrottle ui`: the MLflow UI on the run's own store, bound to 127.0.0.1."""
+"""`fullthrottle ui` and `fullthrottle tensorboard`: the run's own store and logs, on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -25,22 +25,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ui_serves_the_runs_store_on_loopback_only(penguins_run):
-    output_dir, _ = penguins_run
-    port = _free_port()
+def _serve_and_ask(command: list[str], port: int, path: str) -> tuple[dict, list]:
+    """Starts `fullthrottle COMMAND`, waits for `path` to answer JSON; returns it and the
+    addresses the command's processes listen on at `port`; stops them."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env.pop("MLFLOW_TRACKING_URI", None)
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "fullthrottle",
-            "ui",
-            "--output-dir",
-            str(output_dir),
-            "--port",
-            str(port),
-        ],
+        [sys.executable, "-m", "fullthrottle", *command, "--port", str(port)],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -48,27 +39,26 @@ def test_ui_serves_the_runs_store_on_loopback_only(penguins_run):
         start_new_session=True,
     )
     try:
-        url = f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/get-by-name?experiment_name=fullthrottle-penguins"
         deadline = time.monotonic() + 120
         answer = None
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                with urllib.request.urlopen(url, timeout=5) as response:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}{path}", timeout=5
+                ) as response:
                     answer = json.loads(response.read())
                     break
             except OSError:
                 time.sleep(0.5)
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
-        assert answer is not None, "the UI did not answer within 120 s"
-        # The store is the run's own: the pipeline's experiment is there.
-        assert answer["experiment"]["name"] == "fullthrottle-penguins"
+        assert answer is not None, f"{command[0]} did not answer within 120 s"
         listening = [
             c.laddr
             for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
             for c in p.connections(kind="tcp")  # psutil in the lock predates net_connections
             if c.status == psutil.CONN_LISTEN and c.laddr.port == port
         ]
-        assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+        return answer, listening
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -76,3 +66,28 @@ def test_ui_serves_the_runs_store_on_loopback_only(penguins_run):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_ui_serves_the_runs_store_on_loopback_only(penguins_run):
+    output_dir, _ = penguins_run
+    port = _free_port()
+    answer, listening = _serve_and_ask(
+        ["ui", "--output-dir", str(output_dir)],
+        port,
+        "/api/2.0/mlflow/experiments/get-by-name?experiment_name=fullthrottle-penguins",
+    )
+    # The store is the run's own: the pipeline's experiment is there.
+    assert answer["experiment"]["name"] == "fullthrottle-penguins"
+    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening
+
+
+def test_tensorboard_shows_the_trainer_s_scalars_on_loopback_only(penguins_run):
+    output_dir, _ = penguins_run
+    port = _free_port()
+    tags, listening = _serve_and_ask(
+        ["tensorboard", "--output-dir", str(output_dir)], port, "/data/plugin/scalars/tags"
+    )
+    # One TensorBoard run per Trainer execution, with the loop's scalars and the eval ones.
+    (run,) = [name for name in tags if name.endswith("logs/train")]
+    assert {"train/loss", "train/examples_per_second", "eval/accuracy"} <= set(tags[run])
+    assert listening and all(addr.ip == "127.0.0.1" for addr in listening), listening

@@ -1,4 +1,5 @@
-"""Tracking pieces that need no pipeline: redaction, the run key, a dead server, the journal."""
+"""Tracking pieces that need no pipeline: params, redaction, the run key, the Trainer's link, a
+dead server, the journal, points per curve, the parent run the Trainer finds or makes."""
 
 from __future__ import annotations
 
@@ -39,6 +40,37 @@ def test_secrets_are_masked_in_uris_and_secret_fields_but_ordinary_fields_surviv
     assert "xyz" not in params["beam.extra_args"]
     assert params["training.per_replica_batch_size"] == "64"
     assert params["data.label"] == "species"
+    # Only what applies to a local run: no Kubeflow section, no unset field written as 'None'.
+    assert not [k for k in params if k.startswith("kubeflow.")]
+    assert "None" not in params.values() and "data.schema_path" not in params
+    assert "training.profile_steps" not in params  # unset by default
+
+
+def test_the_trainer_link_is_the_same_on_every_run_and_carries_no_credentials(tmp_path):
+    from fullthrottle.tracking.store import TrainerLink, resolve_destination, trainer_link
+
+    config = load_config(
+        overrides=[
+            f"output_dir={tmp_path}",
+            "tracking.uri=https://alice:s3cret@mlflow.example/x?token=t",
+        ]
+    )
+    destination = resolve_destination(config)
+
+    def link(cfg, root):
+        return trainer_link(cfg, destination, pipeline_root=root).to_config()
+
+    first = link(config, str(config.pipeline_root))
+    # What goes into the Trainer's custom_config, and so into TFX's cache key: the same for
+    # every run of this pipeline (nothing per run, such as a parent run id, is in it).
+    assert first == link(config, str(config.pipeline_root))
+    assert "parent_run_id" not in first and "s3cret" not in str(first) and "token" not in str(first)
+    assert first["uri"] == "https://mlflow.example/x"
+    assert first["experiment"] == "fullthrottle-penguins"
+    # Another pipeline root (another output folder, or the Kubeflow root) is another pipeline.
+    assert link(config, "gs://bucket/root")["pipeline_key"] != first["pipeline_key"]
+    assert TrainerLink.from_config(first) == TrainerLink(**first)
+    assert TrainerLink.from_config(None) is None
 
 
 def test_run_key_follows_config_data_and_code_but_not_tracking_settings(tmp_path):
@@ -96,6 +128,24 @@ def test_journal_keeps_records_up_to_the_restored_step_and_survives_a_torn_line(
     assert [r["step"] for r in Journal(str(tmp_path / "j.jsonl")).read()] == [25, 50, 75, 100]
 
 
+def test_a_journal_on_an_object_store_is_written_when_persisted(tmp_path):
+    # ram:// is TensorFlow's in-memory filesystem: like gs://, no appends, seen through tf.io.gfile.
+    path = f"ram://journal-{time.monotonic_ns()}/j.jsonl"
+    import tensorflow as tf
+
+    tf.io.gfile.makedirs(path.rsplit("/", 1)[0])
+    journal = Journal(path)
+    for step in (25, 50):
+        journal.append({"step": step, "timestamp": 0, "values": {"loss": 1.0 / step}})
+    assert Journal(path).read() == []  # not yet persisted: what a kill here would lose
+    journal.persist()  # at a checkpoint, before the points it covers are released
+    assert [r["step"] for r in Journal(path).read()] == [25, 50]
+    journal.append({"step": 75, "timestamp": 0, "values": {"loss": 0.1}})
+    journal.close()
+    assert [r["step"] for r in Journal(path).keep_until(50)] == [25, 50]
+    assert [r["step"] for r in Journal(path).read()] == [25, 50]
+
+
 def test_sender_holds_points_for_its_interval_and_a_flush_sends_them_at_once(tmp_path):
     from mlflow.entities import Metric
 
@@ -134,7 +184,29 @@ def test_sender_holds_points_for_its_interval_and_a_flush_sends_them_at_once(tmp
     assert channel.status()["complete"]
 
 
-def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(tmp_path):
+def _facts(work: str, start_step: int, train_steps: int = 250) -> RunFacts:
+    return RunFacts(
+        strategy_name="OneDeviceStrategy",
+        num_replicas=1,
+        num_workers=1,
+        global_batch_size=64,
+        per_replica_batch_size=64,
+        gradient_accumulation_steps=1,
+        learning_rate=0.001,
+        precision_policy="float32",
+        precision_reason="set in config",
+        model_kind="tabular",
+        parameters=100,
+        start_step=start_step,
+        train_steps=train_steps,
+        input_cached=True,
+        input_cache_reason="set in config",
+        checkpoint_saves="traced",
+        work_dir=work,
+    )
+
+
+def test_fast_loops_become_points_of_equal_step_spans_exactly_once_across_a_kill(tmp_path):
     import dataclasses
     from types import SimpleNamespace
 
@@ -145,11 +217,11 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
     link = dataclasses.replace(
         link_for_new_run(uri, status_dir=str(tmp_path), system_metrics_interval_seconds=0),
         metrics_interval_seconds=0.0,
-        metrics_resolution_seconds=1.0,
+        points_per_curve=7,  # 280 steps in spans of 40: a point at 40, 80, 120, ...
     )
     work = str(tmp_path / "work")
 
-    def loop_metrics(step):  # 10 steps in 0.3 s: four loops make a point (1.2 s >= 1 s)
+    def loop_metrics(step):  # 10 steps in 0.3 s: four loops make a point
         return {"loss": float(step), "learning_rate": 0.1, "examples_per_second": 1000.0 + step,
                 "input_wait_fraction": 0.0, "step_time": 0.03, "steps": 10, "wall_time": 0.3}  # fmt: skip
 
@@ -160,25 +232,7 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
                 hook.on_checkpoint(step, f"ckpt-{step}")
 
     def facts(start_step):
-        return RunFacts(
-            strategy_name="OneDeviceStrategy",
-            num_replicas=1,
-            num_workers=1,
-            global_batch_size=64,
-            per_replica_batch_size=64,
-            gradient_accumulation_steps=1,
-            learning_rate=0.001,
-            precision_policy="float32",
-            precision_reason="set in config",
-            model_kind="tabular",
-            parameters=100,
-            start_step=start_step,
-            train_steps=250,
-            input_cached=True,
-            input_cache_reason="set in config",
-            checkpoint_saves="traced",
-            work_dir=work,
-        )
+        return _facts(work, start_step, train_steps=280)
 
     first = MlflowTrainingHook(link)
     first.on_train_begin(facts(0))
@@ -187,7 +241,7 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
     run_id = first.run_id
     # Killed at step 170: no on_train_end. Only the points a checkpoint covers were sent.
     client = first.channel.client
-    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [40, 80, 120]
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [40, 80, 120]
     # The run's facts became its derived params, on the Trainer run and (prefixed) its parent.
     params = client.get_run(run_id).data.params
     assert params["model"] == "tabular" and params["scaled_learning_rate"] == "0.001"
@@ -198,29 +252,32 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
     second = MlflowTrainingHook(link)
     second.on_train_begin(facts(150))  # the checkpoint at 150
     assert second.run_id == run_id  # found again, not created twice
-    train(second, range(160, 260, 10))
+    train(second, range(160, 290, 10))
     second.on_train_end(
         SimpleNamespace(
-            steps_completed=250,
+            steps_completed=280,
             eval_metrics={},
             examples_per_second=1.0,
             input_wait_fraction=0.0,
             loss_scale_skipped_steps=0,
         )  # fmt: skip
     )
-    history = sorted(client.get_metric_history(run_id, "loss"), key=lambda m: m.step)
-    # 130-150 were trained and checkpointed before the kill but had no point: one at 150.
-    assert [m.step for m in history] == [40, 80, 120, 150, 190, 230, 250]
+    history = sorted(client.get_metric_history(run_id, "train/loss"), key=lambda m: m.step)
+    # 130-150 were trained and checkpointed before the kill but had no point: one at 150. The
+    # grid goes on where it was: a point in each 40-step span, at its first loop end.
+    assert [m.step for m in history] == [40, 80, 120, 150, 160, 200, 240, 280]
     # Every loop counted once: a point's loss is its loops' mean, so loss x steps spanned sums
     # to the loops' loss x steps (a loop lost or counted twice changes the sum).
     steps = [m.step for m in history]
     spans = [b - a for a, b in zip([0, *steps[:-1]], steps, strict=True)]
     assert sum(m.value * span for m, span in zip(history, spans, strict=True)) == pytest.approx(
-        sum(step * 10 for step in range(10, 260, 10))
+        sum(step * 10 for step in range(10, 290, 10))
     )
-    rates = {m.step: m.value for m in client.get_metric_history(run_id, "examples_per_second")}
-    assert rates[40] == pytest.approx(1025.0) and rates[250] == pytest.approx(1245.0)
-    step_time = client.get_metric_history(run_id, "step_time")
+    rates = {
+        m.step: m.value for m in client.get_metric_history(run_id, "train/examples_per_second")
+    }
+    assert rates[40] == pytest.approx(1025.0) and rates[280] == pytest.approx(1265.0)
+    step_time = client.get_metric_history(run_id, "train/step_time")
     assert {round(m.value, 6) for m in step_time} == {0.03}
     # System metrics are off in this link, and the run says so instead of a GPU reason.
     assert client.get_run(run_id).data.tags["fullthrottle.gpu_metrics"] == (
@@ -240,6 +297,81 @@ def test_fast_loops_become_one_point_per_resolution_exactly_once_across_a_kill(t
     assert span["fraction"] == pytest.approx(
         (span["hook"] + span["sender"] + span["system"]) / span["wall_seconds"]
     )
+
+
+def test_the_trainer_joins_the_newest_pipeline_run_of_its_pipeline_or_makes_one(tmp_path):
+    """Without `fullthrottle run` (Kubeflow) the hook makes the parent run, logs the Trainer's
+    config on it and ends it; with one, it joins the run started or re-attached last and
+    leaves ending it to `fullthrottle run`. A killed Trainer's retry finds its own parent."""
+    from types import SimpleNamespace
+
+    from mlflow.tracking import MlflowClient
+
+    from fullthrottle.tracking.hook import MlflowTrainingHook
+    from fullthrottle.tracking.names import ATTACHED_AT_TAG, CREATED_BY_TAG, PIPELINE_KEY_TAG
+    from fullthrottle.tracking.store import TrainerLink
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    link = TrainerLink(
+        uri=uri,
+        experiment="pipes",
+        pipeline_name="pipe",
+        pipeline_key="k1",
+        retries=0,
+        system_metrics_interval_seconds=0,
+        metrics_interval_seconds=0,
+    )
+    client = MlflowClient(uri)
+    done = SimpleNamespace(
+        steps_completed=20,
+        eval_metrics={"accuracy": 0.5},
+        examples_per_second=1.0,
+        input_wait_fraction=0.0,
+        loss_scale_skipped_steps=0,
+    )
+
+    def train(hook, work, start=0):
+        hook.on_train_begin(_facts(str(work), start, train_steps=20))
+        for step in range(start + 10, 21, 10):
+            hook.on_loop_end(step, {"loss": 1.0, "steps": 10, "wall_time": 0.1})
+            hook.on_checkpoint(step, f"ckpt-{step}")
+
+    # No pipeline run: the hook makes one, in an experiment it makes too.
+    killed = MlflowTrainingHook(
+        link, run_params={"training": {"learning_rate": 0.01, "cache": None}}
+    )
+    train(killed, tmp_path / "a")  # ... and is killed: no on_train_end
+    made = client.get_run(killed.parent_run_id)
+    assert made.info.status == "RUNNING" and killed.owns_parent
+    assert made.data.tags[PIPELINE_KEY_TAG] == "k1" and made.data.tags[CREATED_BY_TAG] == "Trainer"
+    assert made.data.params["training.learning_rate"] == "0.01"
+    assert "training.cache" not in made.data.params  # unset: not a param
+    assert made.data.tags["mlflow.user"] and made.data.tags["mlflow.source.name"]
+    retry = MlflowTrainingHook(link)
+    train(retry, tmp_path / "a", start=10)
+    assert retry.parent_run_id == killed.parent_run_id and retry.run_id == killed.run_id
+    retry.on_train_end(done)
+    assert client.get_run(retry.parent_run_id).info.status == "FINISHED"  # it made it: it ends it
+    trainer = client.get_run(retry.run_id)
+    assert trainer.info.status == "FINISHED"
+    assert trainer.data.metrics["eval/accuracy"] == 0.5 and "train/loss" in trainer.data.metrics
+    assert retry.status()["complete"] and retry.status()["parent_run_id"] == made.info.run_id
+
+    # Two unfinished pipeline runs (say, a killed one and the current one): the newest attached.
+    experiment = client.get_experiment_by_name("pipes").experiment_id
+    older, newer = (
+        client.create_run(experiment, tags={PIPELINE_KEY_TAG: "k1", ATTACHED_AT_TAG: at})
+        for at in ("2000", "1000")
+    )
+    client.set_tag(newer.info.run_id, ATTACHED_AT_TAG, "3000")  # re-attached by a rerun
+    client.create_run(experiment, tags={PIPELINE_KEY_TAG: "other", ATTACHED_AT_TAG: "9000"})
+    joined = MlflowTrainingHook(link)
+    train(joined, tmp_path / "b")
+    joined.on_train_end(done)
+    assert joined.parent_run_id == newer.info.run_id and not joined.owns_parent
+    assert client.get_run(newer.info.run_id).info.status == "RUNNING"  # `fullthrottle run` ends it
+    assert client.get_run(older.info.run_id).info.status == "RUNNING"
+    assert client.get_run(newer.info.run_id).data.params["derived.global_batch_size"] == "64"
 
 
 def test_cpu_meter_counts_a_hook_blocked_on_io_in_the_direct_cost_not_in_cpu():

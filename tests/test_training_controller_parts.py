@@ -218,6 +218,8 @@ def _scalars(logdir) -> dict[str, tuple[int, float]]:
     for name in os.listdir(logdir):
         for event in tf.compat.v1.train.summary_iterator(os.path.join(logdir, name)):
             for value in event.summary.value:
+                # TensorBoard's scalar plugin owns it: it shows up on the Scalars tab.
+                assert value.metadata.plugin_data.plugin_name == "scalars", value.tag
                 found[value.tag] = (event.step, float(tf.make_ndarray(value.tensor)))
     return found
 
@@ -236,8 +238,10 @@ def test_summaries_write_the_named_scalars_at_the_loop_step(tmp_path):
     summaries.write_loop(record, 30)
     summaries.write_eval({metrics.EVAL_LOSS: 0.4, metrics.EVAL_ACCURACY: 0.75}, 30)
     found = _scalars(tmp_path)
-    expected = {key: record[key] for key in metrics.LOOP_SCALARS if record[key] is not None}
-    expected.update(eval_loss=0.4, eval_accuracy=0.75)
+    expected = {
+        f"train/{key}": record[key] for key in metrics.LOOP_SCALARS if record[key] is not None
+    }
+    expected.update({"eval/loss": 0.4, "eval/accuracy": 0.75})
     assert set(found) == set(expected)
     for tag, value in expected.items():
         assert found[tag] == (30, pytest.approx(value)), tag

@@ -225,13 +225,13 @@ def test_hooks_summaries_profile_and_checkpoints(tabular, tmp_path):
         for event in tf.compat.v1.train.summary_iterator(str(log_dir / name)):
             tags.update(v.tag for v in event.summary.value)
     assert {
-        "loss",
-        "learning_rate",
-        "examples_per_second",
-        "step_time",
-        "input_wait_fraction",
-        "eval_loss",
-        "eval_accuracy",
+        "train/loss",
+        "train/learning_rate",
+        "train/examples_per_second",
+        "train/step_time",
+        "train/input_wait_fraction",
+        "eval/loss",
+        "eval/accuracy",
     } <= tags
     profile_files = [f for _, _, fs in os.walk(tmp_path / "profile") for f in fs]
     assert any(f.endswith(".xplane.pb") for f in profile_files), profile_files

@@ -8,6 +8,7 @@ logs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -19,7 +20,7 @@ import tensorflow_transform as tft
 
 from fullthrottle.core.features import LABEL_VOCAB, NUM_OOV_BUCKETS, transformed_name, vocab_name
 from fullthrottle.progress import TrainerProgress
-from fullthrottle.tracking import trainer_hooks
+from fullthrottle.tracking import LINK_KEY, trainer_hooks, trainer_tracking_status
 from serving.signatures import export_serving_model
 from trainer_module.training import SUMMARY_FILE, ModelInputs, TrainingConfig, train
 
@@ -89,6 +90,12 @@ def run_fn(fn_args: Any) -> None:
             "code": custom.get("code_fingerprint"),
         },
     )
+    # MLflow: a hook when the pipeline carries a tracking link (chief only). Its params, for a
+    # pipeline run the hook has to make itself (Kubeflow), are this Trainer's config.
+    tracking_hooks = trainer_hooks(
+        custom.get(LINK_KEY),
+        run_params={"data": custom.get("data", {}), "training": dataclasses.asdict(training)},
+    )
     result = train(
         config=training,
         model_inputs=model_inputs,
@@ -96,8 +103,7 @@ def run_fn(fn_args: Any) -> None:
         train_files=train_files,
         eval_files=eval_files,
         work_dir=work_dir,
-        # MLflow: a hook only when `fullthrottle run` linked a parent run; chief only.
-        hooks=[TrainerProgress(), *trainer_hooks()],
+        hooks=[TrainerProgress(), *tracking_hooks],
     )
     if not result.is_chief:
         return
@@ -118,6 +124,7 @@ def run_fn(fn_args: Any) -> None:
     from trainer_module.training.advisor import advise_result, format_advice
 
     summary["advisor"] = advise_result(result, training)
+    summary["tracking"] = trainer_tracking_status(tracking_hooks)
     logging.info(
         "fullthrottle step-time advisor:\n%s", "\n".join(format_advice(summary["advisor"]))
     )
@@ -140,15 +147,16 @@ def stable_work_dir(fn_args: Any, *, key_material: dict[str, Any]) -> str:
     key = hashlib.sha256(
         json.dumps(key_material, sort_keys=True, default=str).encode()
     ).hexdigest()[:16]
-    # model_run_dir = <pipeline_root>/Trainer/model_run/<execution id>
-    trainer_root = os.path.dirname(os.path.dirname(os.path.normpath(fn_args.model_run_dir)))
+    # model_run_dir = <pipeline_root>/Trainer/model_run/<execution id>. Not normpath: it would
+    # turn "gs://bucket" into the local path "gs:/bucket".
+    trainer_root = os.path.dirname(os.path.dirname(str(fn_args.model_run_dir).rstrip("/")))
     return os.path.join(trainer_root, "training_state", key)
 
 
 def _copy_tree(source: str, target: str) -> None:
     for directory, _, files in tf.io.gfile.walk(source):
         relative = os.path.relpath(directory, source)
-        destination = os.path.normpath(os.path.join(target, relative))
+        destination = target if relative == "." else os.path.join(target, relative)
         tf.io.gfile.makedirs(destination)
         for name in files:
             tf.io.gfile.copy(

@@ -23,7 +23,9 @@ def register(sub: Any) -> argparse.ArgumentParser:
             "(kubeflow.pipeline_root, kubeflow.input_base, kubeflow.serving_dir), the image "
             "(kubeflow.image), Beam args for the data components (kubeflow.beam_args), per-step "
             "resources (kubeflow.resources) and, with kubeflow.tfjob.enabled, the Trainer as a "
-            "multi-worker TFJob; writes a KFP PipelineJob JSON for `fullthrottle submit`. "
+            "multi-worker TFJob; writes a KFP PipelineJob JSON for `fullthrottle submit`. With "
+            "tracking.uri or MLFLOW_TRACKING_URI set to a tracking server, the Trainer tracks "
+            "into it from the pod. "
             "Contacts nothing: object-store paths are written as given."
         ),
         epilog=(
@@ -84,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
             f"--output {output} is a folder; give a file name such as {output / DEFAULT_OUTPUT}"
         )
 
+    from fullthrottle.core.redact import redact_text
+    from fullthrottle.tracking import remote_trainer_link
     from pipelines.kubeflow_v2_runner import (
         caching_enabled,
         compile_pipeline,
@@ -91,10 +95,11 @@ def run(args: argparse.Namespace) -> int:
         write_compiled,
     )
 
-    job = compile_pipeline(config)
+    paths = kubeflow_paths(config)
+    link = remote_trainer_link(config, pipeline_root=paths["pipeline_root"])
+    job = compile_pipeline(config, trainer_tracking=link)
     write_compiled(job, output)
     tasks = sorted(_task_names(job["pipelineSpec"]))
-    paths = kubeflow_paths(config)
     print(
         "\n".join(
             [
@@ -111,6 +116,13 @@ def run(args: argparse.Namespace) -> int:
                     f"TFJob with {config.kubeflow.tfjob.workers} workers (chief included)"
                     if config.kubeflow.tfjob.enabled
                     else "one pod"
+                ),
+                "  tracking:      "
+                + (
+                    f"the Trainer tracks into {redact_text(link['uri'])}, experiment "
+                    f"{link['experiment']!r}"
+                    if link
+                    else "off (set tracking.uri or MLFLOW_TRACKING_URI to a server the pods reach)"
                 ),
                 f"  steps:         {', '.join(tasks)}",
                 f"next: fullthrottle submit {output} --endpoint http://<kfp-host>",

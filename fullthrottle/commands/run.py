@@ -58,12 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fullthrottle.outcome import read_latest_run
     from fullthrottle.progress import PipelineProgress
-    from fullthrottle.tracking import (
-        finish_tracking,
-        start_tracking,
-        tracking_environment,
-        tracking_message,
-    )
+    from fullthrottle.tracking import finish_tracking, start_tracking, tracking_message
     from pipelines.local_runner import run_local
     from pipelines.pipeline import code_fingerprint
 
@@ -79,8 +74,13 @@ def run(args: argparse.Namespace) -> int:
     )
     error: BaseException | None = None
     try:
-        with PipelineProgress(str(config.mlmd_path)), tracking_environment(tracker):
-            run_local(config, input_base=prepared.input_base)
+        with PipelineProgress(str(config.mlmd_path)):
+            run_local(
+                config,
+                input_base=prepared.input_base,
+                # The Trainer's link to the run travels in its custom_config.
+                trainer_tracking=tracker.trainer_link().to_config() if tracker else None,
+            )
     except Exception as exc:  # noqa: BLE001 - re-raised below with the failing component named
         error = exc
     outcome = read_latest_run(str(config.mlmd_path))

@@ -252,9 +252,9 @@ class TrackingConfig:
     ] = 5.0
     # Training metrics go to MLflow in one request at most this often (0: at every checkpoint).
     metrics_interval_seconds: NonNegativeFloat = 5.0
-    # One point per metric per this much training time: shorter loops are aggregated into one
-    # point (0: a point per loop). See docs/tracking.md.
-    metrics_resolution_seconds: NonNegativeFloat = 1.0
+    # About this many points per training curve of the Trainer's run: consecutive loops are
+    # aggregated into points of train_steps / points_per_curve steps (0: a point per loop).
+    points_per_curve: NonNegativeInt = 100
 
 
 @_section

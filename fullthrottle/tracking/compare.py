@@ -13,15 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.core.errors import FullthrottleError
-from fullthrottle.tracking.hook import COMPONENT_TAG
-from fullthrottle.tracking.pipeline_run import RUN_KEY_TAG
+from fullthrottle.tracking.names import COMPONENT_TAG, EVALUATOR_GROUP, RUN_KEY_TAG, metric_name
+from trainer_module.training import metrics
 
 RESULTS = (
-    ("accuracy", ("eval.sparse_categorical_accuracy", "train.eval_accuracy"), "{:.4f}"),
-    ("loss", ("train.final_loss",), "{:.4f}"),
-    ("examples/s", ("train.examples_per_second",), "{:,.0f}"),
-    ("input-bound %", ("train.input_wait_fraction",), "{:.1%}"),
+    (
+        "accuracy",
+        (
+            metric_name(EVALUATOR_GROUP, "sparse_categorical_accuracy"),
+            metrics.eval_chart_name(metrics.EVAL_ACCURACY),
+        ),
+        "{:.4f}",
+    ),
+    ("loss", (metrics.chart_name(metrics.FINAL_LOSS),), "{:.4f}"),
+    ("examples/s", (metrics.chart_name(metrics.EXAMPLES_PER_SECOND),), "{:,.0f}"),
+    ("input-bound %", (metrics.chart_name(metrics.INPUT_WAIT_FRACTION),), "{:.1%}"),
 )
+# The Trainer run's curves drawn side by side: loss and throughput against the step.
+CURVES = (metrics.LOSS, metrics.EXAMPLES_PER_SECOND)
 
 
 class CompareError(FullthrottleError):
@@ -99,8 +108,8 @@ def _trainer_curves(client: Any, run: Any) -> dict[str, list[tuple[int, float]]]
     )
     curves: dict[str, list[tuple[int, float]]] = {}
     for child in children[:1]:
-        for key in ("loss", "examples_per_second"):
-            history = client.get_metric_history(child.info.run_id, key)
+        for key in CURVES:
+            history = client.get_metric_history(child.info.run_id, metrics.chart_name(key))
             curves[key] = sorted((m.step, m.value) for m in history)
     return curves
 
@@ -155,7 +164,7 @@ def chart(runs: list[RunView], path: Path) -> Path:
 
     figure, (loss_axes, speed_axes) = plt.subplots(1, 2, figsize=(12, 4.5))
     for run in runs:
-        for axes, key in ((loss_axes, "loss"), (speed_axes, "examples_per_second")):
+        for axes, key in zip((loss_axes, speed_axes), CURVES, strict=True):
             points = run.curves.get(key) or []
             if points:
                 steps, values = zip(*points, strict=True)

@@ -1,16 +1,25 @@
 """The Trainer's MLflow hook: training metrics, exactly once, without slowing training down.
 
 Owns the Trainer's nested MLflow run: derived params (replicas, global batch, precision policy,
-scaled learning rate), per-loop metrics with their step (loss, learning rate, examples/s,
-input-wait fraction, loss scale, step time), system metrics (CPU, memory, GPU when present),
-eval metrics at the end. Runs on the chief only (the training library calls hooks there only).
+scaled learning rate), per-loop metrics with their step (``train/loss``, ``train/learning_rate``,
+``train/examples_per_second``, ``train/input_wait_fraction``, ``train/loss_scale``,
+``train/step_time``), system metrics (CPU, memory, GPU when present), eval metrics at the end.
+Runs on the chief only (the training library calls hooks there only).
 
-Points, not loops: a loop shorter than `metrics_resolution_seconds` (1 s) does not get a point of
-its own; consecutive loops are aggregated into one point per that much training time (loss
-weighted by steps, rates and fractions by time, step time = time / steps, learning rate and loss
-scale the last loop's), at the last loop's step. A fast tabular run (~60 loops/s on 2 cores)
-otherwise wrote ~200k points per metric per hour, and the store's per-point cost took 2-4% of its
-examples/s. Loops that take longer than the resolution each get their own point, as with 0.
+Where: the link (`store.TrainerLink`, from the Trainer's custom_config) names the destination, the
+experiment and the pipeline key. The parent run is the newest unfinished run of the experiment
+with that key (`fullthrottle run` made it before the pipeline started); when there is none (on
+Kubeflow, where nothing runs before the pipeline), the hook makes the parent itself, with the
+Trainer's params and the source tags, and ends it when training ends. A Trainer pod that is
+killed and retried finds that parent again, still unfinished.
+
+Points, not loops: about `points_per_curve` (100) points per curve, so runs of any length
+compare on the same footing. The run's steps are cut into `points_per_curve` equal spans
+(train_steps / points_per_curve, rounded up); consecutive loops are aggregated into one point at
+the first loop end in each span (loss weighted by steps, rates and fractions by time, step time
+= time / steps, learning rate and loss scale the last loop's); when loops are longer than a span,
+every loop is a point. A fast tabular run (~60 loops/s on 2 cores) with a point per loop wrote
+~200k points per metric per hour, and the store's per-point cost took 2-4% of its examples/s.
 
 Exactly once across a kill and resume:
 - every loop's record, and every point made from loops, is appended to a journal in the
@@ -22,6 +31,9 @@ Exactly once across a kill and resume:
   process died before they were sent) are sent, and the journaled loops after the last such point
   (up to S) become one point at their last step; everything after S is dropped (it is retrained).
 So each loop is counted in exactly one point, and every loop up to the last checkpoint is there.
+On an object store (gs://, which cannot append) the journal is rewritten at each checkpoint
+instead of appended per loop: a kill between a checkpoint and that rewrite loses the points of
+the loops since the previous checkpoint (a gap in the curve, never a duplicate).
 
 The nested run is found again by its parent run id and the training key (the work dir's name,
 derived from inputs, transform graph, training config and code), never created twice.
@@ -29,12 +41,14 @@ derived from inputs, transform graph, training config and code), never created t
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
+import math
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,14 +56,23 @@ from mlflow.entities import Metric, Param, RunTag
 
 from fullthrottle.core.redact import redact_value
 from fullthrottle.tracking.channel import Channel, MetricSender
-from fullthrottle.tracking.store import TrainerLink
+from fullthrottle.tracking.names import (
+    ATTACHED_AT_TAG,
+    COMPONENT_TAG,
+    CREATED_BY_TAG,
+    PIPELINE_KEY_TAG,
+    PIPELINE_TAG,
+    TRACKING_GROUP,
+    TRAINING_KEY_TAG,
+    metric_name,
+)
+from fullthrottle.tracking.store import TrainerLink, bound_http_requests
 from trainer_module.training import RunFacts, TrainingHook, hardware, metrics
 
 _log = logging.getLogger("fullthrottle.tracking")
 
 JOURNAL = "mlflow_journal.jsonl"
-COMPONENT_TAG = "fullthrottle.component"
-TRAINING_KEY_TAG = "fullthrottle.training_key"
+CREATED_BY_TRAINER = "Trainer"
 GPU_METRICS_TAG = "fullthrottle.gpu_metrics"
 
 
@@ -116,18 +139,27 @@ class CpuMeter:
 
 
 class Journal:
-    """Loop records on local disk, one JSON line each; appended and flushed per loop (an OS
-    write, not an fsync: a killed process loses nothing the OS has, which is what resume needs)."""
+    """Loop records beside the checkpoints, one JSON line each.
+
+    On a local disk each record is appended and flushed at once (an OS write, not an fsync: a
+    killed process loses nothing the OS has, which is what resume needs). On an object store
+    (``gs://``; no appends there) the records are kept in memory and the whole journal is
+    rewritten by `persist`, which the hook calls at each checkpoint before releasing points.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.remote = "://" in path
         self._file: Any = None
+        self._records: list[dict[str, Any]] = []  # an object store's journal, in memory
 
     def read(self) -> list[dict[str, Any]]:
-        if not os.path.exists(self.path):
+        import tensorflow as tf
+
+        if not tf.io.gfile.exists(self.path):
             return []
         records = []
-        with open(self.path, encoding="utf-8") as f:
+        with tf.io.gfile.GFile(self.path, "r") as f:
             for line in f:
                 try:
                     records.append(json.loads(line))
@@ -138,20 +170,35 @@ class Journal:
     def keep_until(self, step: int) -> list[dict[str, Any]]:
         """Rewrites the journal with the records at or before `step`; returns them."""
         kept = [r for r in self.read() if r["step"] <= step]
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            for record in kept:
-                f.write(json.dumps(record) + "\n")
-        os.replace(tmp, self.path)
+        self._rewrite(kept)
+        if self.remote:
+            self._records = list(kept)
         return kept
 
+    def _rewrite(self, records: list[dict[str, Any]]) -> None:
+        import tensorflow as tf
+
+        tmp = self.path + ".tmp"
+        with tf.io.gfile.GFile(tmp, "w") as f:
+            f.write("".join(json.dumps(record) + "\n" for record in records))
+        tf.io.gfile.rename(tmp, self.path, overwrite=True)
+
     def append(self, record: dict[str, Any]) -> None:
+        if self.remote:
+            self._records.append(record)
+            return
         if self._file is None:
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open across loops
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
 
+    def persist(self) -> None:
+        """Makes every appended record durable (a no-op on a local disk: already written)."""
+        if self.remote:
+            self._rewrite(self._records)
+
     def close(self) -> None:
+        self.persist()
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -159,7 +206,12 @@ class Journal:
 
 def _metrics_of(record: dict[str, Any]) -> list[Metric]:
     return [
-        Metric(key=key, value=float(value), timestamp=record["timestamp"], step=record["step"])
+        Metric(
+            key=metrics.chart_name(key),
+            value=float(value),
+            timestamp=record["timestamp"],
+            step=record["step"],
+        )
         for key, value in record["values"].items()
     ]
 
@@ -288,42 +340,56 @@ class SystemSampler:
 class MlflowTrainingHook(TrainingHook):
     """Tracks one training run into a nested MLflow run under the pipeline's run."""
 
-    def __init__(self, link: TrainerLink) -> None:
+    def __init__(self, link: TrainerLink, *, run_params: Mapping[str, str] | None = None) -> None:
         self.link = link
+        self.run_params = dict(run_params or {})
         self.channel = Channel(
             link.uri, retries=link.retries, backoff_seconds=link.retry_backoff_seconds
         )
         self.sender: MetricSender | None = None
+        self.experiment_id: str | None = link.experiment_id
+        self.parent_run_id: str | None = link.parent_run_id
+        self.owns_parent = False  # this hook made the parent run (no `fullthrottle run` around it)
         self.run_id: str | None = None
         self.journal: Journal | None = None
         self._pending: list[dict[str, Any]] = []  # points not yet covered by a checkpoint
         self._loops: list[dict[str, Any]] = []  # loops since the last point
-        self._resolution = max(0.0, float(link.metrics_resolution_seconds))
+        self._steps_per_point = 0  # set from the run's train_steps; 0 = a point per loop
+        self._next_point_step = 0  # the loop ending at or after this step closes a point
         self._step = 0
         self._sampler: SystemSampler | None = None
         self.cpu = CpuMeter()  # tracking's own CPU time (see `CpuMeter`)
 
     # --- TrainingHook ---------------------------------------------------------------------
     def on_train_begin(self, facts: RunFacts) -> None:
+        bound_http_requests(self.link.request_timeout_seconds)
         work_dir = facts.work_dir
         start_step = facts.start_step
         self._step = start_step
-        os.makedirs(work_dir, exist_ok=True)
+        points = max(0, int(self.link.points_per_curve))
+        self._steps_per_point = math.ceil(facts.train_steps / points) if points else 0
+        self._next_point_step = self._span_end_after(start_step)
+        if "://" not in work_dir:
+            os.makedirs(work_dir, exist_ok=True)
         self.journal = Journal(os.path.join(work_dir, JOURNAL))
         self.sender = MetricSender(
             self.channel,
             interval_seconds=self.link.metrics_interval_seconds,
             on_request_cpu=lambda seconds: self.cpu.add("sender", seconds),
         )
-        self.run_id = self._attach_run(training_key=os.path.basename(os.path.normpath(work_dir)))
+        if self.parent_run_id is None:
+            self._attach_parent()
+        if self.parent_run_id is not None:
+            self.run_id = self._attach_run(training_key=os.path.basename(work_dir.rstrip("/")))
         kept = self.journal.keep_until(start_step)
-        points = [r for r in kept if _is_point(r)]
-        last_point = points[-1]["step"] if points else -1
+        points_kept = [r for r in kept if _is_point(r)]
+        last_point = points_kept[-1]["step"] if points_kept else -1
         unpointed = [r for r in kept if not _is_point(r) and r["step"] > last_point]
         if unpointed:  # trained and checkpointed, but the process died before their point
             point = aggregate_loops(unpointed)
             self.journal.append(point)
-            points.append(point)
+            self.journal.persist()
+            points_kept.append(point)
         if self.run_id is not None:
             self.channel.ok(
                 "mark the Trainer run running",
@@ -332,7 +398,7 @@ class MlflowTrainingHook(TrainingHook):
                 status="RUNNING",
             )
             if start_step > 0:
-                self._resend_missing(points)
+                self._resend_missing(points_kept)
             self._log_derived(facts)
             if self.link.system_metrics_interval_seconds > 0:
                 self._sampler = SystemSampler(
@@ -354,7 +420,7 @@ class MlflowTrainingHook(TrainingHook):
     def _on_loop_end(self, step: int, record: dict[str, Any]) -> None:
         values = {k: float(record[k]) for k in metrics.LOOP_SCALARS if record.get(k) is not None}
         self._step = int(step)
-        if self._resolution <= 0:  # every loop is a point
+        if self._steps_per_point <= 1:  # every loop is a point
             self._add_point(
                 {"kind": "point", "step": int(step), "timestamp": _now_ms(), "values": values}
             )
@@ -370,9 +436,16 @@ class MlflowTrainingHook(TrainingHook):
         if self.journal is not None:
             self.journal.append(loop)
         self._loops.append(loop)
-        # A loop without its time (a caller other than the controller) gets its own point.
-        if loop["wall_time"] <= 0 or sum(r["wall_time"] for r in self._loops) >= self._resolution:
+        # A loop without its step count (a caller other than the controller) gets its own point.
+        if loop["steps"] <= 0 or loop["step"] >= self._next_point_step:
             self._close_point()
+            self._next_point_step = self._span_end_after(loop["step"])
+
+    def _span_end_after(self, step: int) -> int:
+        """The end of the span of steps that `step` is followed by (the points' grid)."""
+        if self._steps_per_point <= 1:
+            return step + 1
+        return (step // self._steps_per_point + 1) * self._steps_per_point
 
     def _close_point(self) -> None:
         if self._loops:
@@ -387,17 +460,21 @@ class MlflowTrainingHook(TrainingHook):
     def on_checkpoint(self, step: int, path: str) -> None:
         """Releases the records this checkpoint covers: a resume will never train them again."""
         with self.cpu.measuring("hook"):
+            if self.journal is not None:
+                self.journal.persist()
             self._release(until_step=step)
 
     def on_train_end(self, result: Any) -> None:
         self._close_point()
+        if self.journal is not None:
+            self.journal.persist()
         self._release(until_step=None)
         if self._sampler is not None:
             self._sampler.stop()
         if self.run_id is not None and self.sender is not None:
             timestamp, step = _now_ms(), int(result.steps_completed)
             final = [
-                Metric(metrics.eval_metric_name(k), float(v), timestamp, step)
+                Metric(metrics.eval_chart_name(k), float(v), timestamp, step)
                 for k, v in (result.eval_metrics or {}).items()
             ]
             for name, value in (
@@ -405,17 +482,16 @@ class MlflowTrainingHook(TrainingHook):
                 (metrics.MEAN_INPUT_WAIT_FRACTION, result.input_wait_fraction),
                 (metrics.LOSS_SCALE_SKIPPED_STEPS, result.loss_scale_skipped_steps),
             ):
-                final.append(Metric(name, float(value), timestamp, step))
+                final.append(Metric(metrics.chart_name(name), float(value), timestamp, step))
             span = self.cpu.span()
             if span is not None:  # what tracking itself cost while training (see CpuMeter)
-                final.append(
-                    Metric("tracking_cpu_fraction", float(span["fraction"]), timestamp, step)
-                )
-                final.append(
-                    Metric(
-                        "tracking_direct_fraction", float(span["direct_fraction"]), timestamp, step
+                for name, key in (
+                    ("cpu_fraction", "fraction"),
+                    ("direct_fraction", "direct_fraction"),
+                ):
+                    final.append(
+                        Metric(metric_name(TRACKING_GROUP, name), float(span[key]), timestamp, step)
                     )
-                )
             self.sender.send(self.run_id, final)
         if self.sender is not None:
             self.sender.close(self.link.flush_timeout_seconds)
@@ -426,9 +502,24 @@ class MlflowTrainingHook(TrainingHook):
                 self.run_id,
                 status="FINISHED",
             )
+        if self.owns_parent and self.parent_run_id is not None:
+            self.channel.ok(
+                "finish the pipeline run",
+                self.channel.client.set_terminated,
+                self.parent_run_id,
+                status="FINISHED",
+            )
         if self.journal is not None:
             self.journal.close()
         self._write_status()
+
+    def status(self) -> dict[str, Any]:
+        """What got through: the channel's status and the run ids (for the run's summary)."""
+        return {
+            **self.channel.status(),
+            "trainer_run_id": self.run_id,
+            "parent_run_id": self.parent_run_id,
+        }
 
     # --- internals ------------------------------------------------------------------------
     def _release(self, *, until_step: int | None) -> None:
@@ -442,16 +533,87 @@ class MlflowTrainingHook(TrainingHook):
             return
         self.sender.send(self.run_id, [m for r in ready for m in _metrics_of(r)])
 
+    def _attach_parent(self) -> None:
+        """Finds the newest unfinished parent run with the link's pipeline key, or makes one."""
+        link, client = self.link, self.channel.client
+        if self.experiment_id is None:
+            reached, experiment = self.channel.attempt(
+                "find the experiment", client.get_experiment_by_name, link.experiment
+            )
+            if not reached:
+                return
+            if experiment is None:
+                self.experiment_id = self.channel.call(
+                    "create the experiment", client.create_experiment, link.experiment
+                )
+                if self.experiment_id is None:  # created concurrently by someone else?
+                    experiment = self.channel.call(
+                        "find the experiment", client.get_experiment_by_name, link.experiment
+                    )
+            if experiment is not None:
+                self.experiment_id = experiment.experiment_id
+            if self.experiment_id is None:
+                return
+        found = self.channel.call(
+            "find the pipeline run",
+            client.search_runs,
+            [self.experiment_id],
+            filter_string=(
+                f"tags.`{PIPELINE_KEY_TAG}` = '{link.pipeline_key}' "
+                "and attributes.status = 'RUNNING'"
+            ),
+            max_results=50,
+        )
+        if found is None:
+            return  # unreachable: a new parent now could duplicate the one we could not see
+        if found:
+            parent = max(
+                found,
+                key=lambda r: (int(r.data.tags.get(ATTACHED_AT_TAG) or 0), r.info.start_time),
+            )
+            self.parent_run_id = parent.info.run_id
+            self.owns_parent = parent.data.tags.get(CREATED_BY_TAG) == CREATED_BY_TRAINER
+            return
+        from fullthrottle.tracking.names import flatten
+        from fullthrottle.tracking.sources import source_tags
+
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
+        tags = {
+            **source_tags(),
+            PIPELINE_KEY_TAG: str(link.pipeline_key),
+            PIPELINE_TAG: str(link.pipeline_name),
+            ATTACHED_AT_TAG: str(_now_ms()),
+            CREATED_BY_TAG: CREATED_BY_TRAINER,
+        }
+        run = self.channel.call(
+            "create the pipeline run",
+            client.create_run,
+            self.experiment_id,
+            run_name=f"{link.pipeline_name}-{stamp}",
+            tags=tags,
+        )
+        if run is None:
+            return
+        self.parent_run_id, self.owns_parent = run.info.run_id, True
+        params = [Param(k, v) for k, v in sorted(flatten(self.run_params).items())]
+        for start in range(0, len(params), 100):
+            self.channel.ok(
+                "log the Trainer's config as params",
+                client.log_batch,
+                self.parent_run_id,
+                params=params[start : start + 100],
+            )
+
     def _attach_run(self, *, training_key: str) -> str | None:
         client = self.channel.client
         query = (
-            f"tags.`mlflow.parentRunId` = '{self.link.parent_run_id}' "
+            f"tags.`mlflow.parentRunId` = '{self.parent_run_id}' "
             f"and tags.`{COMPONENT_TAG}` = 'Trainer' and tags.`{TRAINING_KEY_TAG}` = '{training_key}'"
         )
         found = self.channel.call(
             "find the Trainer run",
             client.search_runs,
-            [self.link.experiment_id],
+            [self.experiment_id],
             filter_string=query,
             max_results=5,
         )
@@ -462,10 +624,10 @@ class MlflowTrainingHook(TrainingHook):
         run = self.channel.call(
             "create the Trainer run",
             client.create_run,
-            self.link.experiment_id,
+            self.experiment_id,
             run_name="Trainer",
             tags={
-                "mlflow.parentRunId": self.link.parent_run_id,
+                "mlflow.parentRunId": str(self.parent_run_id),
                 COMPONENT_TAG: "Trainer",
                 TRAINING_KEY_TAG: training_key,
             },
@@ -479,10 +641,10 @@ class MlflowTrainingHook(TrainingHook):
         have: dict[str, set[int]] = {}
         for key in keys:
             history = self.channel.call(
-                f"read the history of {key}",
+                f"read the history of {metrics.chart_name(key)}",
                 self.channel.client.get_metric_history,
                 self.run_id,
-                key,
+                metrics.chart_name(key),
             )
             if history is None:
                 # Unknown what the server has: sending could duplicate, so send nothing.
@@ -490,10 +652,10 @@ class MlflowTrainingHook(TrainingHook):
                 return
             have[key] = {m.step for m in history}
         missing = [
-            Metric(key=k, value=float(v), timestamp=r["timestamp"], step=r["step"])
-            for r in kept
-            for k, v in r["values"].items()
-            if r["step"] not in have[k]
+            metric
+            for record in kept
+            for metric in _metrics_of(record)
+            if record["step"] not in have[metric.key.split("/", 1)[-1]]
         ]
         if missing:
             _log.info("re-sending %d metric points journaled before the restart", len(missing))
@@ -511,7 +673,7 @@ class MlflowTrainingHook(TrainingHook):
             RunTag("fullthrottle.start_step", str(facts.start_step)),
         ]
         client = self.channel.client
-        assert self.run_id is not None
+        assert self.run_id is not None and self.parent_run_id is not None
         self.channel.ok(
             "log the Trainer's params", client.log_batch, self.run_id, params=params, tags=tags
         )
@@ -520,7 +682,7 @@ class MlflowTrainingHook(TrainingHook):
         self.channel.ok(
             "log derived params on the pipeline run",
             client.log_batch,
-            self.link.parent_run_id,
+            self.parent_run_id,
             params=parent_params,
             tags=[RunTag("fullthrottle.strategy", facts.strategy_name)],
         )
@@ -545,17 +707,20 @@ class MlflowTrainingHook(TrainingHook):
         )
 
     def _write_status(self) -> None:
-        status = self.channel.status()
-        status["trainer_run_id"] = self.run_id
+        if not self.link.status_path:
+            return
         tmp = self.link.status_path + ".tmp"
         os.makedirs(os.path.dirname(self.link.status_path), exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(status, f)
+            json.dump(self.status(), f)
         os.replace(tmp, self.link.status_path)
 
 
-def trainer_hooks() -> list[TrainingHook]:
-    """The tracking hooks for this Trainer process: one MLflow hook when `fullthrottle run` linked
-    a parent run (see `store.TRAINER_ENV`), none otherwise (e.g. on Kubeflow, or tracking off)."""
-    link = TrainerLink.from_env()
-    return [MlflowTrainingHook(link)] if link is not None else []
+def trainer_hooks(
+    link_config: Any, *, run_params: Mapping[str, str] | None = None
+) -> list[TrainingHook]:
+    """The tracking hooks for this Trainer: one MLflow hook when its custom_config carries a link
+    (`store.LINK_KEY`), none otherwise (tracking off). `run_params` are logged on a parent run
+    the hook has to make itself."""
+    link = TrainerLink.from_config(link_config)
+    return [MlflowTrainingHook(link, run_params=run_params)] if link is not None else []

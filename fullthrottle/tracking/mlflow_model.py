@@ -1,98 +1,151 @@
-"""The pushed SavedModel as an MLflow model (pyfunc flavor) with its signature.
+"""The pushed SavedModel logged as an MLflow 3 model that loads and serves without fullthrottle.
 
-Owns: wrapping the exact pushed SavedModel folder (not a re-export) so that
-`mlflow.pyfunc.load_model(uri).predict(dataframe_of_raw_features)` answers through the model's
-`predict_raw` signature, and describing that signature for MLflow (raw feature columns in,
-`probabilities` [N, C] float32 and `classes` string out). Refuses nothing itself: a model
-without `predict_raw` fails in `describe_signature` with the SavedModel's own error.
+Owns: describing the pushed model for MLflow (the signature of its `predict_raw`: raw feature
+columns in, `class` (text), `probability` and `probabilities` out; the class order; an input
+example of real evaluation rows; pinned requirements) and logging it as a models-from-code pyfunc
+(`served_model.py`, which imports only MLflow, NumPy, pandas and TensorFlow) with the exact
+pushed SavedModel folder as its artifact. MLflow's recommended way for custom models: nothing is
+pickled, so loading needs no class of this project. Refuses nothing itself: a model without
+`predict_raw` fails in `describe` with the SavedModel's own error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import mlflow.pyfunc
+import mlflow
 import numpy as np
 
-SAVED_MODEL_ARTIFACT = "saved_model"
+from fullthrottle.tracking.store import scoped_tracking_uri
+
+CODE = Path(__file__).with_name("served_model.py")
+SAVED_MODEL_ARTIFACT = "saved_model"  # served_model.SAVED_MODEL
 RAW_SIGNATURE = "predict_raw"
+CLASSIFY_SIGNATURE = "classification"
+MODEL_NAME = "model"  # the logged model's name in its run
+# What the model needs to load and serve, pinned to the versions that logged it. mlflow-skinny:
+# MLflow's pyfunc loader and scoring server (FastAPI, uvicorn) without the tracking server's
+# database and UI packages.
+REQUIREMENTS = ("mlflow-skinny", "tensorflow", "pandas", "numpy")
+EXAMPLE_ROWS = 3
 
 
-class PushedServingModel(mlflow.pyfunc.PythonModel):
-    """pyfunc adapter: DataFrame (or dict) of raw features -> dict of numpy outputs."""
-
-    def load_context(self, context: Any) -> None:
-        import tensorflow as tf
-
-        self._model = tf.saved_model.load(context.artifacts[SAVED_MODEL_ARTIFACT])
-        self._fn = self._model.signatures[RAW_SIGNATURE]
-        self._specs = self._fn.structured_input_signature[1]
-
-    def predict(
-        self, context: Any, model_input: Any, params: dict[str, Any] | None = None
-    ) -> dict[str, np.ndarray]:
-        import tensorflow as tf
-
-        columns = (
-            model_input
-            if isinstance(model_input, dict)
-            else {c: model_input[c].to_numpy() for c in model_input.columns}
-        )
-        features = {
-            name: tf.constant(
-                np.asarray(columns[name]).astype(
-                    spec.dtype.as_numpy_dtype if spec.dtype != tf.string else object
-                ),
-                spec.dtype,
-            )
-            for name, spec in self._specs.items()
-        }
-        outputs = self._fn(**features)
-        return {name: value.numpy() for name, value in outputs.items()}
+@dataclass(frozen=True)
+class ServedModelDescription:
+    signature: Any  # mlflow.models.ModelSignature
+    input_example: Any  # pandas.DataFrame of raw feature rows
+    classes: list[str]  # the order of `probabilities`
 
 
-def describe_signature(saved_model_dir: str) -> Any:
-    """The MLflow `ModelSignature` of a pushed model's `predict_raw`."""
+def _raw_frame(loaded: Any, examples: Sequence[bytes]) -> Any:
+    """Rows of `examples` (serialized tf.Examples) that have every raw input, as the DataFrame a
+    client would send: one column per `predict_raw` input, numbers as float64 / int64."""
+    import pandas as pd
+    import tensorflow as tf
+
+    specs = loaded.signatures[RAW_SIGNATURE].structured_input_signature[1]
+    parsed = tf.io.parse_example(
+        tf.constant(list(examples)),
+        {name: tf.io.VarLenFeature(s.dtype) for name, s in specs.items()},
+    )
+    columns: dict[str, list[Any]] = {name: [] for name in specs}
+    for row in range(len(examples)):
+        values = {}
+        for name, sparse in parsed.items():
+            found = tf.sparse.to_dense(tf.sparse.slice(sparse, [row, 0], [1, 1])).numpy().ravel()
+            if found.size == 0:
+                break
+            value = found[0]
+            values[name] = value.decode("utf-8") if isinstance(value, bytes) else value.item()
+        if len(values) == len(specs):
+            for name, value in values.items():
+                columns[name].append(value)
+        if len(columns[next(iter(specs))]) >= EXAMPLE_ROWS:
+            break
+    frame = pd.DataFrame(columns)
+    for name, spec in specs.items():
+        if spec.dtype.is_floating:
+            frame[name] = frame[name].astype(np.float64)
+    return frame
+
+
+def describe(saved_model_dir: str, examples: Sequence[bytes]) -> ServedModelDescription:
+    """The signature, input example and class order of the pushed model in `saved_model_dir`,
+    from `examples` (serialized evaluation tf.Examples; the label, if there, is ignored)."""
     import tensorflow as tf
     from mlflow.models import ModelSignature
-    from mlflow.types import ColSpec, Schema, TensorSpec
+    from mlflow.types import ColSpec, DataType, Schema
+    from mlflow.types.schema import Array
 
     loaded = tf.saved_model.load(saved_model_dir)
-    fn = loaded.signatures[RAW_SIGNATURE]
+    specs = loaded.signatures[RAW_SIGNATURE].structured_input_signature[1]
+    classified = loaded.signatures[CLASSIFY_SIGNATURE](inputs=tf.constant(list(examples[:1])))
+    classes = [c.decode("utf-8") for c in classified["classes"].numpy()[0]]
     # float32 inputs are declared "double": pandas reads decimals as float64, and MLflow refuses
-    # float64 -> float32 as unsafe. The wrapper casts to the SavedModel's float32 itself.
-    kinds = {
-        tf.string: "string",
-        tf.float32: "double",
-        tf.float64: "double",
-        tf.int64: "long",
-        tf.int32: "integer",
-    }
+    # float64 -> float32 as unsafe. The model casts to the SavedModel's float32 itself.
+    kinds = {tf.string: DataType.string, tf.int64: DataType.long, tf.int32: DataType.integer}
     inputs = Schema(
         [
-            ColSpec(kinds.get(spec.dtype, "string"), name)
-            for name, spec in sorted(fn.structured_input_signature[1].items())
+            ColSpec(
+                DataType.double if s.dtype.is_floating else kinds.get(s.dtype, DataType.string),
+                name,
+            )
+            for name, s in sorted(specs.items())
         ]
     )
-    outputs = []
-    for name, spec in sorted(fn.structured_outputs.items()):
-        dtype = np.dtype(object) if spec.dtype == tf.string else np.dtype(spec.dtype.as_numpy_dtype)
-        shape = tuple(-1 if d is None else int(d) for d in spec.shape.as_list())
-        outputs.append(TensorSpec(dtype, shape, name))
-    return ModelSignature(inputs=inputs, outputs=Schema(outputs))
-
-
-def save_pyfunc(saved_model_dir: str, target: Path) -> None:
-    """Writes the MLflow model folder (MLmodel, the SavedModel as an artifact) to `target`."""
-    import tensorflow as tf
-
-    mlflow.pyfunc.save_model(
-        path=str(target),
-        python_model=PushedServingModel(),
-        artifacts={SAVED_MODEL_ARTIFACT: saved_model_dir},
-        signature=describe_signature(saved_model_dir),
-        # Listed, not inferred: inference loads the model in a subprocess (slow, and it needs
-        # the network to check packages).
-        pip_requirements=[f"tensorflow=={tf.__version__}", f"mlflow=={mlflow.__version__}"],
+    outputs = Schema(
+        [
+            ColSpec(DataType.string, "class"),
+            ColSpec(DataType.double, "probability"),
+            ColSpec(Array(DataType.double), "probabilities"),
+        ]
     )
+    return ServedModelDescription(
+        signature=ModelSignature(inputs=inputs, outputs=outputs),
+        input_example=_raw_frame(loaded, examples),
+        classes=classes,
+    )
+
+
+def requirements() -> list[str]:
+    return [f"{name}=={version(name)}" for name in REQUIREMENTS]
+
+
+def log_served_model(
+    *,
+    uri: str,
+    experiment_id: str,
+    run_id: str,
+    saved_model_dir: str,
+    examples: Sequence[bytes],
+    tags: dict[str, str],
+) -> Any:
+    """Logs the pushed SavedModel as an MLflow logged model `model` of `run_id` (its output);
+    returns MLflow's ModelInfo (`model_id`, `model_uri` ``models:/<model_id>``)."""
+    from mlflow.models import Model
+    from mlflow.tracking import MlflowClient
+
+    description = describe(saved_model_dir, examples)
+    # Made here, in the run's experiment: left to `Model.log`, the logged model would go into
+    # the process's active experiment (fluent state), whatever the run's experiment is.
+    logged = MlflowClient(tracking_uri=uri).create_logged_model(
+        experiment_id=experiment_id, name=MODEL_NAME, source_run_id=run_id, tags=tags
+    )
+    with scoped_tracking_uri(uri):
+        return Model.log(
+            artifact_path=None,  # positional in MLflow 3.17; `name` replaces it
+            name=MODEL_NAME,
+            model_id=logged.model_id,
+            flavor=mlflow.pyfunc,
+            run_id=run_id,
+            python_model=str(CODE),
+            artifacts={SAVED_MODEL_ARTIFACT: saved_model_dir},
+            signature=description.signature,
+            input_example=description.input_example,
+            pip_requirements=requirements(),
+            metadata={"classes": description.classes, "signature": RAW_SIGNATURE},
+        )

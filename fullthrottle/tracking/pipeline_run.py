@@ -1,11 +1,14 @@
 """The pipeline's MLflow run: one per pipeline run, re-attached on a retry, never duplicated.
 
-Owns the parent run (experiment = pipeline name): tags (pipeline, TFX run id, MLMD execution ids,
-git commit and dirty flag, package versions, device), params (the resolved config flattened, with
-secrets masked), summary metrics (eval metrics, training throughput and input wait, rows per
-split, anomalies per split), artifacts (schema, anomalies, TensorBoard logs, profiler trace,
-last_run.json, the pushed model as an MLflow model with its signature), nested runs for
-Transform and Evaluator (the Trainer's is made by its hook), and the model registry entry.
+Owns the parent run (experiment = pipeline name): tags (MLflow's source tags and git state, the
+pipeline, its key for the Trainer, the TFX run id, MLMD execution ids, package versions,
+device), params (the resolved config flattened, with secrets masked, without the `kubeflow`
+section, which a local run does not use, and without unset fields), the training and eval data
+as MLflow datasets, summary metrics (``evaluator/*``, ``train/*``, ``eval/*``, ``rows/*``,
+``anomalies/*``, ``seconds/*``), artifacts (schema, statistics and anomalies as TFDV's HTML, the
+anomalies as text, TensorBoard logs, profiler trace, last_run.json), the pushed model as an
+MLflow 3 logged model (`mlflow_model.py`) and its registry entry, and nested runs for Transform
+and Evaluator (the Trainer's is made by its hook, linked through `trainer_link`).
 
 The run key: sha256 over the resolved config (without the `tracking` section), the input files'
 content hashes and the code fingerprint of `trainer_module`/`serving`. A run with that key that
@@ -16,14 +19,11 @@ MLflow run). Refuses nothing: every tracking failure is recorded and reported, n
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime as dt
 import hashlib
 import json
 import os
-import platform
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,14 +34,29 @@ from mlflow.entities import Metric, Param, RunTag
 from fullthrottle.core.config import Config
 from fullthrottle.core.redact import redact, redact_text, redact_value
 from fullthrottle.tracking.channel import Channel
-from fullthrottle.tracking.hook import COMPONENT_TAG
+from fullthrottle.tracking.names import (
+    ANOMALIES_GROUP,
+    ATTACHED_AT_TAG,
+    COMPONENT_TAG,
+    EVALUATOR_GROUP,
+    PIPELINE_KEY_TAG,
+    PIPELINE_TAG,
+    PUSH_VERSION_TAG,
+    ROWS_GROUP,
+    RUN_KEY_TAG,
+    SECONDS_GROUP,
+    flatten,
+    metric_name,
+)
+from fullthrottle.tracking.sources import environment_tags, source_tags
 from fullthrottle.tracking.store import (
-    TRAINER_ENV,
     Destination,
     TrainerLink,
     bound_http_requests,
     prepare_store,
     resolve_destination,
+    scoped_tracking_uri,
+    trainer_link,
 )
 from trainer_module.training import metrics as training_metrics
 from trainer_module.training.results import derived_params
@@ -49,37 +64,19 @@ from trainer_module.training.results import derived_params
 if TYPE_CHECKING:
     from fullthrottle.outcome import RunOutcome
 
-RUN_KEY_TAG = "fullthrottle.run_key"
-PIPELINE_TAG = "fullthrottle.pipeline_name"
-TRAINER_STATUS_FILE = "trainer_tracking_status.json"
-PACKAGES = (
-    "tensorflow",
-    "keras",
-    "tfx",
-    "apache-beam",
-    "mlflow",
-    "tensorflow-transform",
-    "tensorflow-model-analysis",
-)
-_REPO = Path(__file__).resolve().parents[2]
-
-
-def flatten(data: Any, prefix: str = "") -> dict[str, str]:
-    """{"training": {"seed": 42}} -> {"training.seed": "42"}; lists of mappings become JSON."""
-    flat: dict[str, str] = {}
-    if isinstance(data, dict):
-        for key, value in data.items():
-            flat.update(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
-        return flat
-    if isinstance(data, (list, tuple)):
-        value = json.dumps(data, default=str, ensure_ascii=False)
-    else:
-        value = "None" if data is None else str(data)
-    return {prefix: str(redact_value(prefix, value))[:6000]}
+# Config sections that are not parameters of a local run: `kubeflow` only shapes
+# `fullthrottle compile`.
+NOT_RUN_PARAMS = ("kubeflow",)
+# The two datasets of a run: ExampleGen's splits, with MLflow's context names.
+DATASETS = (("train", "training"), ("eval", "evaluation"))
+EXAMPLES_FOR_THE_MODEL = 16  # evaluation rows read for the logged model's input example
 
 
 def config_params(config: Config) -> dict[str, str]:
-    return flatten(redact(dataclasses.asdict(config)))
+    """The config as a run's params: flattened, secrets masked, unset fields and the sections a
+    local run does not use left out."""
+    described = {k: v for k, v in dataclasses.asdict(config).items() if k not in NOT_RUN_PARAMS}
+    return flatten(redact(described))
 
 
 def _file_digest(path: Path) -> str:
@@ -90,18 +87,23 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def input_digest(source_files: tuple[str, ...]) -> list[list[Any]]:
+    """[file name, sha256 of its content] per input file, in name order (None: not a file)."""
+    found = []
+    for name in sorted(source_files):
+        path = Path(name)
+        found.append([name, _file_digest(path) if path.is_file() else None])
+    return found
+
+
 def run_key(config: Config, *, source_files: tuple[str, ...], code_fingerprint: str) -> str:
     """The deterministic identity of a pipeline run (see the module docstring)."""
     described = dataclasses.asdict(config)
     described.pop("tracking", None)  # where and how we track does not change what is tracked
-    files = []
-    for name in sorted(source_files):
-        path = Path(name)
-        files.append([name, _file_digest(path) if path.is_file() else None])
     material = {
         "config": described,
         "output": str(config.output_path),
-        "data": files,
+        "data": input_digest(source_files),
         "code": code_fingerprint,
     }
     return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode()).hexdigest()[
@@ -109,59 +111,13 @@ def run_key(config: Config, *, source_files: tuple[str, ...], code_fingerprint: 
     ]
 
 
-def git_state() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of the repository holding this code, or (None, None) outside git."""
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(_REPO), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "-C", str(_REPO), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-            ).stdout.strip()
-        )
-        return commit, dirty
-    except (OSError, subprocess.SubprocessError):
-        return None, None
-
-
-def environment_tags() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    tags = {
-        "fullthrottle.python": platform.python_version(),
-        "fullthrottle.host_cpu": platform.machine(),
-    }
-    for package in PACKAGES:
-        try:
-            tags[f"fullthrottle.version.{package}"] = version(package)
-        except PackageNotFoundError:
-            continue
-    commit, dirty = git_state()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
-        tags["fullthrottle.git_dirty"] = str(dirty).lower()
-    try:
-        import tensorflow as tf
-
-        gpus = tf.config.list_physical_devices("GPU")
-        tags["fullthrottle.device"] = f"{len(gpus)} GPU" if gpus else f"CPU x{os.cpu_count()}"
-    except Exception:  # noqa: BLE001 - a tag is not worth failing for
-        pass
-    return tags
-
-
 def _chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def _now_ms() -> int:
+    return int(dt.datetime.now(dt.UTC).timestamp() * 1000)
 
 
 class PipelineTracker:
@@ -179,18 +135,32 @@ class PipelineTracker:
         self.run_id: str | None = None
         self.reattached = False
         self.registered_version: str | None = None
+        self.model_id: str | None = None
         self.trainer_status: dict[str, Any] | None = None
+        self.data_digest: list[list[Any]] = []
 
     @property
-    def status_path(self) -> Path:
-        return self.config.output_path / "mlflow" / TRAINER_STATUS_FILE
+    def experiment_name(self) -> str:
+        return self.config.tracking.experiment or self.config.pipeline_name
+
+    def trainer_link(self) -> TrainerLink:
+        """The Trainer's link to this run (it goes into the Trainer's custom_config): the same on
+        every run of this pipeline with these tracking settings, so the Trainer's cache key does
+        not change from run to run; the Trainer finds this run by its pipeline key tag."""
+        return trainer_link(
+            self.config,
+            self.destination,
+            pipeline_root=str(self.config.pipeline_root),
+            experiment=self.experiment_name,
+        )
 
     # --- start --------------------------------------------------------------------------------
     def start(self, *, source_files: tuple[str, ...], code_fingerprint: str) -> None:
         client = self.channel.client
         fingerprint = code_fingerprint
+        self.data_digest = input_digest(source_files)
         key = run_key(self.config, source_files=source_files, code_fingerprint=fingerprint)
-        name = self.config.tracking.experiment or self.config.pipeline_name
+        name = self.experiment_name
         reached, experiment = self.channel.attempt(
             "find the experiment", client.get_experiment_by_name, name
         )
@@ -225,6 +195,7 @@ class PipelineTracker:
         )
         if found is None:
             return  # unreachable: a new run now could duplicate the one we could not see
+        link = self.trainer_link()
         unfinished = [r for r in found if r.info.status != "FINISHED"]
         if unfinished:
             run = sorted(unfinished, key=lambda r: r.info.start_time)[-1]
@@ -233,10 +204,13 @@ class PipelineTracker:
             self.channel.ok("reopen the run", client.update_run, self.run_id, status="RUNNING")
             self.channel.ok(
                 "count the attempt",
-                client.set_tag,
+                client.log_batch,
                 self.run_id,
-                "fullthrottle.attempts",
-                str(attempts),
+                tags=[
+                    RunTag("fullthrottle.attempts", str(attempts)),
+                    # The newest attached parent is the one the Trainer joins.
+                    RunTag(ATTACHED_AT_TAG, str(_now_ms())),
+                ],
             )
         else:
             stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
@@ -248,13 +222,15 @@ class PipelineTracker:
                 tags={
                     RUN_KEY_TAG: key,
                     PIPELINE_TAG: self.config.pipeline_name,
+                    PIPELINE_KEY_TAG: str(link.pipeline_key),
+                    ATTACHED_AT_TAG: str(_now_ms()),
                     "fullthrottle.attempts": "1",
                 },
             )
             if run is None:
                 return
             self.run_id = run.info.run_id
-        tags = environment_tags()
+        tags = {**source_tags(), **environment_tags()}
         tags["fullthrottle.code_fingerprint"] = fingerprint
         tags["fullthrottle.tracking_uri"] = redact_text(self.destination.uri)
         tags["fullthrottle.output_dir"] = str(self.config.output_path)
@@ -268,55 +244,27 @@ class PipelineTracker:
             tags=[RunTag(k, redact_text(v)) for k, v in tags.items()],
         )
 
-    @contextlib.contextmanager
-    def trainer_environment(self) -> Iterator[None]:
-        """Links the in-process Trainer to this run through `TRAINER_ENV` while the pipeline runs."""
-        if self.run_id is None or self.experiment_id is None:
-            yield
-            return
-        tracking = self.config.tracking
-        link = TrainerLink(
-            uri=self.destination.uri,
-            experiment_id=self.experiment_id,
-            parent_run_id=self.run_id,
-            status_path=str(self.status_path),
-            retries=tracking.retries,
-            retry_backoff_seconds=tracking.retry_backoff_seconds,
-            flush_timeout_seconds=tracking.flush_timeout_seconds,
-            system_metrics_interval_seconds=tracking.system_metrics_interval_seconds,
-            metrics_interval_seconds=tracking.metrics_interval_seconds,
-            metrics_resolution_seconds=tracking.metrics_resolution_seconds,
-        )
-        with contextlib.suppress(FileNotFoundError):
-            self.status_path.unlink()  # a stale status from an earlier run must not be read
-        previous = os.environ.get(TRAINER_ENV)
-        os.environ[TRAINER_ENV] = link.to_env()
-        try:
-            yield
-        finally:
-            if previous is None:
-                os.environ.pop(TRAINER_ENV, None)
-            else:
-                os.environ[TRAINER_ENV] = previous
-
     # --- finish -------------------------------------------------------------------------------
     def finish(
         self, summary: dict[str, Any], outcome: RunOutcome | None, *, error: BaseException | None
     ) -> dict[str, Any]:
         """Logs the outcome, registers a pushed model, ends the run; returns `status()`."""
-        if self.status_path.exists():
-            with contextlib.suppress(OSError, json.JSONDecodeError):
-                self.trainer_status = json.loads(self.status_path.read_text(encoding="utf-8"))
+        components = outcome.components if outcome else {}
+        trainer = components.get("Trainer")
+        # The Trainer's own tracking status is in its run summary, when it ran in this run (a
+        # cached Trainer's summary speaks of an earlier run).
+        if trainer is not None and trainer.state == "complete":
+            self.trainer_status = (summary.get("training") or {}).get("tracking")
         if self.run_id is None:
             return self.status()
-        components = outcome.components if outcome else {}
         self._log_outcome(summary, components)
         for component in ("Transform", "Trainer", "Evaluator"):
             if component in components:
                 self._nested_run(component, components[component], summary)
+        self._log_datasets(components)
         self._log_artifacts(summary, components)
         if summary.get("pushed_model_dir") and error is None:
-            self._log_and_register_model(summary)
+            self._log_and_register_model(summary, components)
         client = self.channel.client
         if error is not None:
             self.channel.ok(
@@ -348,6 +296,7 @@ class PipelineTracker:
             "run_id": self.run_id,
             "trainer_run_id": trainer.get("trainer_run_id"),
             "reattached": self.reattached,
+            "model_id": self.model_id,
             "registered_model_version": self.registered_version,
             "failures": failures[:20],
             "dropped_metric_points": dropped,
@@ -365,18 +314,19 @@ class PipelineTracker:
             tags[f"fullthrottle.state.{name}"] = comp.state
         training = summary.get("training") or {}
         step = int(training.get(training_metrics.STEPS_COMPLETED) or 0)
-        now = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
+        now = _now_ms()
         values: dict[str, float] = {
-            f"eval.{k}": v for k, v in (summary.get("eval_metrics") or {}).items()
+            metric_name(EVALUATOR_GROUP, k): v
+            for k, v in (summary.get("eval_metrics") or {}).items()
         }
         for key in training_metrics.SUMMARY_METRICS:
             if training.get(key) is not None:
-                values[f"train.{key}"] = float(training[key])
+                values[training_metrics.chart_name(key)] = float(training[key])
         for key, value in (training.get("eval_metrics") or {}).items():
-            values[f"train.{training_metrics.eval_metric_name(key)}"] = float(value)
+            values[training_metrics.eval_chart_name(key)] = float(value)
         values.update(_split_counts(components))
         for name, comp in summary.get("components", {}).items():
-            values[f"seconds.{name}"] = float(comp.get("seconds", 0.0))
+            values[metric_name(SECONDS_GROUP, name)] = float(comp.get("seconds", 0.0))
         metrics = [Metric(k, float(v), now, step) for k, v in values.items()]
         # Derived training values; the Trainer's hook logs the same when it ran in this attempt,
         # and identical params may be logged twice.
@@ -419,11 +369,12 @@ class PipelineTracker:
             if run is None:
                 return
             run_id = run.info.run_id
-        now = int(dt.datetime.now(dt.UTC).timestamp() * 1000)
-        metrics = [Metric("seconds", float(comp.seconds), now, 0)]
+        now = _now_ms()
+        metrics = [Metric(metric_name(SECONDS_GROUP, component), float(comp.seconds), now, 0)]
         if component == "Evaluator":
             metrics += [
-                Metric(k, float(v), now, 0) for k, v in (summary.get("eval_metrics") or {}).items()
+                Metric(metric_name(EVALUATOR_GROUP, k), float(v), now, 0)
+                for k, v in (summary.get("eval_metrics") or {}).items()
             ]
         tags = [
             RunTag("fullthrottle.execution_id", str(comp.execution_id)),
@@ -439,6 +390,27 @@ class PipelineTracker:
             f"end the {component} run", client.set_terminated, run_id, status="FINISHED"
         )
 
+    def _log_datasets(self, components: dict[str, Any]) -> None:
+        """ExampleGen's train and eval splits as MLflow datasets of the run (`log_inputs`)."""
+        examples = _first_output(components, "ExampleGen", "examples")
+        if examples is None:
+            return
+        try:
+            inputs = _dataset_inputs(
+                examples,
+                schema=_schema_of(components),
+                rows=_split_counts(components),
+                data_digest=self.data_digest,
+                split_config=(self.config.data.train_buckets, self.config.data.eval_buckets),
+            )
+        except Exception as exc:  # noqa: BLE001 - describing the data may fail; the run does not
+            self.channel.record_failure(f"describe the datasets: {type(exc).__name__}: {exc}")
+            return
+        if inputs:
+            self.channel.ok(
+                "log the datasets", self.channel.client.log_inputs, self.run_id, datasets=inputs
+            )
+
     def _log_artifacts(self, summary: dict[str, Any], components: dict[str, Any]) -> None:
         client = self.channel.client
 
@@ -447,12 +419,22 @@ class PipelineTracker:
             outputs = comp.outputs.get(key) if comp else None
             return outputs[0]["uri"] if outputs else None
 
-        # SchemaGen, or whichever node imports a schema (its id depends on the pipeline variant).
-        schema_nodes = [name for name in components if "Schema" in name]
-        schema = next((uri for uri in (first_uri(n, "schema") for n in schema_nodes) if uri), None)
+        schema = _schema_uri(components)
         if schema and os.path.isdir(schema):
             self.channel.ok("log the schema", client.log_artifacts, self.run_id, schema, "schema")
+        statistics = first_uri("StatisticsGen", "statistics")
         anomalies = first_uri("ExampleValidator", "anomalies")
+        with tempfile.TemporaryDirectory(prefix="fullthrottle-data-report-") as tmp:
+            reports = Path(tmp)
+            try:
+                written = _data_reports(statistics, anomalies, schema, reports)
+            except Exception as exc:  # noqa: BLE001 - the reports are for people; the run goes on
+                self.channel.record_failure(f"render the data reports: {type(exc).__name__}: {exc}")
+                written = False
+            if written:
+                self.channel.ok(
+                    "log the data reports", client.log_artifacts, self.run_id, tmp, "data"
+                )
         if anomalies and os.path.isdir(anomalies):
             with tempfile.TemporaryDirectory(prefix="fullthrottle-anomalies-") as tmp:
                 _anomalies_as_text(anomalies, Path(tmp))
@@ -480,26 +462,33 @@ class PipelineTracker:
             "last_run.json",
         )
 
-    def _log_and_register_model(self, summary: dict[str, Any]) -> None:
-        from fullthrottle.tracking.mlflow_model import save_pyfunc
-
+    def _log_and_register_model(self, summary: dict[str, Any], components: dict[str, Any]) -> None:
+        """The pushed model as the run's MLflow logged model, registered from it; once per push
+        even when the run is retried (found again by its push version)."""
         client = self.channel.client
         pushed_dir = str(summary["pushed_model_dir"])
-        with tempfile.TemporaryDirectory(prefix="fullthrottle-mlflow-model-") as tmp:
-            target = Path(tmp) / "model"
-            try:
-                save_pyfunc(pushed_dir, target)
-            except Exception as exc:  # noqa: BLE001 - the model is pushed; tracking it may fail
-                self.channel.record_failure(f"describe the pushed model as an MLflow model: {exc}")
+        push_version = str(summary.get("pushed_version"))
+        found = self.channel.call(
+            "look up logged models",
+            client.search_logged_models,
+            [self.experiment_id],
+            filter_string=(
+                f"source_run_id = '{self.run_id}' AND tags.`{PUSH_VERSION_TAG}` = '{push_version}'"
+                " AND status = 'READY'"
+            ),
+        )
+        if found is None:
+            return
+        if found:
+            model_id = found[0].model_id
+        else:
+            model_id = self._log_model(pushed_dir, push_version, components)
+            if model_id is None:
                 return
-            if not self.channel.ok(
-                "log the pushed model", client.log_artifacts, self.run_id, str(target), "model"
-            ):
-                return
+        self.model_id = model_id
         if not self.config.tracking.register_model:
             return
         name = self.config.model_name
-        push_version = str(summary.get("pushed_version"))
         existing = self.channel.call(
             "look up model versions",
             client.search_model_versions,
@@ -520,22 +509,45 @@ class PipelineTracker:
                 self.channel.call(
                     "create the registered model", client.create_registered_model, name
                 )
-            run = self.channel.call("read the run", client.get_run, self.run_id)
-            if run is None:
-                return
-            version = self.channel.call(
-                "register the model version",
-                client.create_model_version,
-                name,
-                source=f"{run.info.artifact_uri}/model",
-                run_id=self.run_id,
-                tags={"serving_path": pushed_dir, "push_version": push_version},
-                description=f"Pushed to {pushed_dir} (version folder {push_version}) by pipeline run {summary.get('run_id')}",
-            )
+            with scoped_tracking_uri(self.destination.uri):
+                version = self.channel.call(
+                    "register the model version",
+                    client.create_model_version,
+                    name,
+                    source=f"models:/{model_id}",
+                    run_id=self.run_id,
+                    model_id=model_id,
+                    tags={"serving_path": pushed_dir, "push_version": push_version},
+                    description=f"Pushed to {pushed_dir} (version folder {push_version}) by pipeline run {summary.get('run_id')}",
+                )
             if version is None:
                 return
         self.registered_version = str(version.version)
         self._move_alias(name, version)
+
+    def _log_model(
+        self, pushed_dir: str, push_version: str, components: dict[str, Any]
+    ) -> str | None:
+        from fullthrottle.tracking.mlflow_model import log_served_model
+
+        examples = _first_output(components, "ExampleGen", "examples")
+        try:
+            records = _eval_records(examples, limit=EXAMPLES_FOR_THE_MODEL) if examples else []
+            # One attempt: a retry after a partial failure could leave a second logged model.
+            info = log_served_model(
+                uri=self.destination.uri,
+                experiment_id=str(self.experiment_id),
+                run_id=str(self.run_id),
+                saved_model_dir=pushed_dir,
+                examples=records,
+                tags={PUSH_VERSION_TAG: push_version},
+            )
+        except Exception as exc:  # noqa: BLE001 - the model is pushed; tracking it may fail
+            self.channel.record_failure(
+                f"log the pushed model as an MLflow model: {type(exc).__name__}: {exc}"
+            )
+            return None
+        return info.model_id
 
     def _move_alias(self, name: str, version: Any) -> None:
         """The alias goes to this version unless the current holder was pushed later."""
@@ -553,6 +565,157 @@ class PipelineTracker:
         self.channel.ok(
             "move the alias", client.set_registered_model_alias, name, alias, str(version.version)
         )
+
+
+def _first_output(components: dict[str, Any], suffix: str, key: str) -> dict[str, Any] | None:
+    """The first `key` output of the component whose name ends with `suffix` (CsvExampleGen,
+    ImportExampleGen), or None."""
+    for name, comp in components.items():
+        if name.endswith(suffix) and comp.outputs.get(key):
+            return comp.outputs[key][0]
+    return None
+
+
+def _schema_uri(components: dict[str, Any]) -> str | None:
+    # SchemaGen, or whichever node imports a schema (its id depends on the pipeline variant).
+    for name, comp in components.items():
+        if "Schema" in name and comp.outputs.get("schema"):
+            return comp.outputs["schema"][0]["uri"]
+    return None
+
+
+def _schema_of(components: dict[str, Any]) -> Any:
+    """The pipeline's schema (tensorflow_metadata Schema) or None."""
+    return _schema_from(_schema_uri(components))
+
+
+def _dataset_inputs(
+    examples: dict[str, Any],
+    *,
+    schema: Any,
+    rows: dict[str, float],
+    data_digest: list[list[Any]],
+    split_config: tuple[int, int],
+) -> list[Any]:
+    """MLflow `DatasetInput`s for ExampleGen's train and eval splits.
+
+    Source: the split's folder. Digest: of what decides the split's content, the input files'
+    content hashes, the split name and the hash-bucket split, so equal data gives equal digests
+    across runs and output folders without reading the examples again. Schema: the pipeline's
+    (the columns with their types). Profile: the number of rows (StatisticsGen).
+    """
+    from mlflow.data.dataset_source_registry import get_dataset_source_from_json
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.types import ColSpec, DataType, Schema
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    kinds = {
+        schema_pb2.INT: DataType.long,
+        schema_pb2.FLOAT: DataType.double,
+        schema_pb2.BYTES: DataType.string,
+    }
+    columns = (
+        Schema([ColSpec(kinds.get(f.type, DataType.string), f.name) for f in schema.feature])
+        if schema is not None and len(schema.feature)
+        else None
+    )
+    splits = json.loads(examples["properties"].get("split_names") or "[]")
+    found = []
+    for split, context in DATASETS:
+        if split not in splits:
+            continue
+        uri = os.path.join(examples["uri"], f"Split-{split}")
+        material = json.dumps([data_digest, split, list(split_config)], sort_keys=True)
+        dataset = MetaDataset(
+            source=get_dataset_source_from_json(json.dumps({"uri": uri}), source_type="local"),
+            name=split,
+            digest=hashlib.sha256(material.encode()).hexdigest()[:16],
+            schema=columns,
+        )
+        profile = (
+            {"num_rows": int(rows[f"{ROWS_GROUP}/{split}"])}
+            if f"{ROWS_GROUP}/{split}" in rows
+            else None
+        )
+        entity = Dataset(**dataset.to_dict(), profile=json.dumps(profile) if profile else None)
+        found.append(DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
+    return found
+
+
+def _eval_records(examples: dict[str, Any], *, limit: int) -> list[bytes]:
+    """The first `limit` serialized tf.Examples of ExampleGen's eval split."""
+    import tensorflow as tf
+
+    files = sorted(tf.io.gfile.glob(os.path.join(examples["uri"], "Split-eval", "*")))
+    dataset = tf.data.TFRecordDataset(files, compression_type="GZIP").take(limit)
+    return [record.numpy() for record in dataset]
+
+
+def _data_reports(
+    statistics: str | None, anomalies: str | None, schema: str | None, target: Path
+) -> bool:
+    """TFDV's HTML views: statistics.html (train against eval, Facets Overview),
+    anomalies.html (a table per split) and schema.html. Returns whether anything was written."""
+    from tensorflow_data_validation.utils import display_util
+    from tensorflow_metadata.proto.v0 import anomalies_pb2, statistics_pb2
+
+    written = False
+    if statistics and os.path.isdir(statistics):
+        splits = {
+            d.name[len("Split-") :]: statistics_pb2.DatasetFeatureStatisticsList.FromString(
+                (d / "FeatureStats.pb").read_bytes()
+            )
+            for d in sorted(Path(statistics).glob("Split-*"))
+            if (d / "FeatureStats.pb").exists()
+        }
+        if splits:
+            names = [n for n in ("train", "eval") if n in splits] or sorted(splits)
+            html = display_util.get_statistics_html(
+                lhs_statistics=splits[names[0]],
+                rhs_statistics=splits[names[1]] if len(names) > 1 else None,
+                lhs_name=names[0],
+                rhs_name=names[1] if len(names) > 1 else "rhs_statistics",
+            )
+            (target / "statistics.html").write_text(_page("Statistics", html), encoding="utf-8")
+            written = True
+    if anomalies and os.path.isdir(anomalies):
+        sections = []
+        for split_dir in sorted(Path(anomalies).glob("Split-*")):
+            path = split_dir / "SchemaDiff.pb"
+            if path.exists():
+                frame = display_util.get_anomalies_dataframe(
+                    anomalies_pb2.Anomalies.FromString(path.read_bytes())
+                )
+                table = frame.to_html() if len(frame) else "<p>No anomalies.</p>"
+                sections.append(f"<h2>{split_dir.name[len('Split-') :]}</h2>{table}")
+        if sections:
+            (target / "anomalies.html").write_text(
+                _page("Anomalies", "".join(sections)), encoding="utf-8"
+            )
+            written = True
+    parsed = _schema_from(schema)
+    if parsed is not None:
+        features, domains = display_util.get_schema_dataframe(parsed)
+        body = features.to_html() + (f"<h2>Domains</h2>{domains.to_html()}" if len(domains) else "")
+        (target / "schema.html").write_text(_page("Schema", body), encoding="utf-8")
+        written = True
+    return written
+
+
+def _schema_from(uri: str | None) -> Any:
+    from google.protobuf import text_format
+    from tensorflow_metadata.proto.v0 import schema_pb2
+
+    path = Path(uri, "schema.pbtxt") if uri else None
+    if path is None or not path.is_file():
+        return None
+    return text_format.Parse(path.read_text(encoding="utf-8"), schema_pb2.Schema())
+
+
+def _page(title: str, body: str) -> str:
+    return f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{title}</title></head><body><h1>{title}</h1>{body}</body></html>"
 
 
 def _get_registered_model(client: Any, name: str) -> Any:
@@ -578,7 +741,7 @@ def _alias_holder(client: Any, name: str, alias: str) -> Any:
 
 
 def _split_counts(components: dict[str, Any]) -> dict[str, float]:
-    """rows.<split> from StatisticsGen, anomalies.<split> from ExampleValidator."""
+    """rows/<split> from StatisticsGen, anomalies/<split> from ExampleValidator."""
     from tensorflow_metadata.proto.v0 import anomalies_pb2, statistics_pb2
 
     counts: dict[str, float] = {}
@@ -588,7 +751,7 @@ def _split_counts(components: dict[str, Any]) -> dict[str, float]:
             path = split_dir / "FeatureStats.pb"
             if path.exists():
                 proto = statistics_pb2.DatasetFeatureStatisticsList.FromString(path.read_bytes())
-                counts[f"rows.{split_dir.name[6:]}"] = float(
+                counts[metric_name(ROWS_GROUP, split_dir.name[6:])] = float(
                     sum(d.num_examples for d in proto.datasets)
                 )
     validator = components.get("ExampleValidator")
@@ -597,7 +760,7 @@ def _split_counts(components: dict[str, Any]) -> dict[str, float]:
             path = split_dir / "SchemaDiff.pb"
             if path.exists():
                 proto = anomalies_pb2.Anomalies.FromString(path.read_bytes())
-                counts[f"anomalies.{split_dir.name[6:]}"] = float(
+                counts[metric_name(ANOMALIES_GROUP, split_dir.name[6:])] = float(
                     len(proto.anomaly_info) + (1 if proto.HasField("dataset_anomaly_info") else 0)
                 )
     return counts
@@ -626,7 +789,7 @@ def start_tracking(
     if not config.tracking.enabled:
         return None
     destination = resolve_destination(config)
-    bound_http_requests(config)
+    bound_http_requests(config.tracking.request_timeout_seconds)
     prepare_store(destination)
     tracker = PipelineTracker(config, destination)
     tracker.start(source_files=source_files, code_fingerprint=code_fingerprint)

@@ -1,10 +1,11 @@
 """The names of the training metrics, spelled once.
 
 The controller writes a loop record per N-step loop under these keys (``TrainResult.history``,
-``TrainingHook.on_loop_end``); TensorBoard and MLflow take the loop's scalars from it under the
-same names; the run's summary (``training_summary.json``) and the pipeline's MLflow run use the
-summary names; evaluation metrics are ``eval_<name>`` wherever they are written beside training
-metrics. Everything that writes or reads one of these imports it from here.
+``TrainingHook.on_loop_end``); the run's summary (``training_summary.json``) uses the summary
+names. Where metrics are charted (TensorBoard, MLflow) each is ``<group>/<name>``: both UIs
+group charts by the part before the "/", so the loop's scalars and the run's summary values are
+``train/<name>`` (``chart_name``) and the Trainer's own evaluation ``eval/<name>``
+(``eval_chart_name``). Everything that writes or reads one of these imports it from here.
 """
 
 from __future__ import annotations
@@ -42,9 +43,19 @@ EVAL_EXAMPLES = "examples"
 EVAL_SCALARS = (EVAL_LOSS, EVAL_ACCURACY)  # written to TensorBoard
 
 
-def eval_metric_name(name: str) -> str:
-    """An eval metric's name beside the training metrics (TensorBoard, MLflow): eval_loss."""
-    return f"eval_{name}"
+# --- charted names (TensorBoard tags, MLflow metric keys) ------------------------------------------
+TRAIN_GROUP = "train"
+EVAL_GROUP = "eval"
+
+
+def chart_name(name: str) -> str:
+    """A training metric where it is charted: ``train/loss``."""
+    return f"{TRAIN_GROUP}/{name}"
+
+
+def eval_chart_name(name: str) -> str:
+    """An evaluation metric of the Trainer where it is charted: ``eval/accuracy``."""
+    return f"{EVAL_GROUP}/{name}"
 
 
 # --- the run's summary (``TrainResult``, ``training_summary.json``) ------------------------------

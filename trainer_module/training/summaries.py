@@ -1,7 +1,7 @@
 """TensorBoard summaries: each loop's scalars at its step, and the eval metrics at the end.
 
-Written by the chief only; other workers get a writer that writes nothing. The names are those
-of :mod:`metrics`.
+Written by the chief only; other workers get a writer that writes nothing. The tags are the
+charted names of :mod:`metrics` (``train/loss``, ``eval/accuracy``), the same as in MLflow.
 """
 
 from __future__ import annotations
@@ -10,19 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
 
 from trainer_module.training import metrics
-
-# The `tensorboard` package (which implements tf.summary.scalar) is not in the locked
-# environment; tf.summary.write with the scalar plugin's metadata writes the identical event.
-_SCALAR_METADATA = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars")
-)
-
-
-def _scalar(name: str, value: float, step: int) -> None:
-    tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=_SCALAR_METADATA)
 
 
 class Summaries:
@@ -40,14 +29,14 @@ class Summaries:
         with self._writer.as_default():
             for key in metrics.LOOP_SCALARS:
                 if record.get(key) is not None:
-                    _scalar(key, record[key], step)
+                    tf.summary.scalar(metrics.chart_name(key), record[key], step=step)
 
     def write_eval(self, eval_metrics: Mapping[str, float], step: int) -> None:
-        """``eval_loss`` and ``eval_accuracy`` at ``step``, flushed."""
+        """``eval/loss`` and ``eval/accuracy`` at ``step``, flushed."""
         with self._writer.as_default():
             for key in metrics.EVAL_SCALARS:
                 if key in eval_metrics:
-                    _scalar(metrics.eval_metric_name(key), eval_metrics[key], step)
+                    tf.summary.scalar(metrics.eval_chart_name(key), eval_metrics[key], step=step)
         self.flush()
 
     def flush(self) -> None:

@@ -401,7 +401,6 @@ def test_without_a_gpu_the_trainer_run_says_why_and_cpu_and_memory_metrics_still
     link = dataclasses.replace(
         link_for_new_run(uri, status_dir=str(tmp_path), system_metrics_interval_seconds=0.2),
         metrics_interval_seconds=0.0,
-        metrics_resolution_seconds=0.0,
     )
     facts = RunFacts(
         strategy_name="OneDeviceStrategy", num_replicas=1, num_workers=1, global_batch_size=64,
@@ -444,5 +443,31 @@ def test_without_a_gpu_the_trainer_run_says_why_and_cpu_and_memory_metrics_still
     for key in ("system/cpu_utilization_percentage", "system/system_memory_usage_megabytes"):
         history = client.get_metric_history(hook.run_id, key)
         assert len(history) >= 2 and {m.step for m in history} <= {0, 10, 20, 30}, key
-    assert [m.step for m in client.get_metric_history(hook.run_id, "loss")] == [10, 20, 30]
+    assert [m.step for m in client.get_metric_history(hook.run_id, "train/loss")] == [10, 20, 30]
     assert run.info.status == "FINISHED"
+
+
+def test_a_scoped_tracking_uri_leaves_an_unset_uri_unset(tmp_path, monkeypatch):
+    """Logging a model sets MLflow's process-wide URI for a moment; afterwards a URI that was not
+    set is not set (neither MLflow's global nor $MLFLOW_TRACKING_URI, which MLflow exports), so
+    later runs in the process still resolve their own store; a URI that was set comes back."""
+    import os
+
+    import mlflow
+    import mlflow.tracking
+
+    from fullthrottle.tracking.store import scoped_tracking_uri
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    mlflow.set_tracking_uri(None)
+    with scoped_tracking_uri(f"sqlite:///{tmp_path / 'a.db'}"):
+        assert mlflow.get_tracking_uri() == f"sqlite:///{tmp_path / 'a.db'}"
+    assert not mlflow.tracking.is_tracking_uri_set()
+    assert "MLFLOW_TRACKING_URI" not in os.environ
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'b.db'}")
+    try:
+        with scoped_tracking_uri(f"sqlite:///{tmp_path / 'a.db'}"):
+            pass
+        assert mlflow.get_tracking_uri() == f"sqlite:///{tmp_path / 'b.db'}"
+    finally:
+        mlflow.set_tracking_uri(None)

@@ -86,13 +86,18 @@ def scoped_tracking_uri(uri: str) -> Iterator[None]:
     that global instead of a client's URI: logging a model (`Model.log`), and a SQL-store
     registry resolving a ``models:/`` source (MLflow's own comment there says so)."""
     import mlflow
+    import mlflow.tracking
 
+    # Restoring an unset URI by its default value would set it (and $MLFLOW_TRACKING_URI, which
+    # MLflow exports for subprocesses): every later run in this process would then write to the
+    # default `./mlruns`. So an unset URI is restored as unset.
+    was_set = mlflow.tracking.is_tracking_uri_set()
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(previous)
+        mlflow.set_tracking_uri(previous if was_set else None)
 
 
 def without_credentials(uri: str) -> str:

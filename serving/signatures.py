@@ -42,7 +42,12 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from fullthrottle.core.features import LABEL_VOCAB, internal_name, transformed_name
+from fullthrottle.core.features import (
+    LABEL_VOCAB,
+    internal_name,
+    raw_input_keywords,
+    transformed_name,
+)
 
 SERVING_DEFAULT = "serving_default"
 CLASSIFICATION = "classification"
@@ -169,13 +174,9 @@ def signature_keywords(loaded: object, signature: str) -> dict[str, str]:
     """SignatureDef input key -> the keyword the loaded signature function takes, where they
     differ: `predict_raw`'s columns whose names are not safe inside TensorFlow (see
     `fullthrottle.core.features.internal_name`). Empty for any other signature or model."""
-    names = getattr(loaded, "raw_input_names", None)
-    if signature != PREDICT_RAW or names is None:
+    if signature != PREDICT_RAW:
         return {}
-    table = names()
-    columns = [c.decode("utf-8") for c in table["column"].numpy()]
-    internal = [c.decode("utf-8") for c in table["internal"].numpy()]
-    return {c: i for c, i in zip(columns, internal, strict=True) if c != i}
+    return raw_input_keywords(loaded)
 
 
 def signature_input_specs(loaded: object, signature: str) -> dict[str, tf.TensorSpec]:

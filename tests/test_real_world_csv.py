@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
@@ -29,6 +30,7 @@ from fullthrottle import cli
 from fullthrottle.core.config import load_config
 from fullthrottle.core.features import LABEL_VOCAB, internal_name, transformed_name
 from fullthrottle.outcome import read_latest_run
+from fullthrottle.tracking.store import scoped_tracking_uri
 from serving.servables import read_signature_defs
 from serving.signatures import call_signature, signature_input_specs
 from tests.helpers import last_run, run_cli, served_dirs
@@ -210,6 +212,26 @@ def test_mlflow_params_keep_the_names_as_written(user):
     numeric = load_config(user["config"]).data.numeric
     assert json.loads(params["data.numeric"]) == list(numeric)
     assert "温度" in params["data.numeric"] and "Körpermasse (g)" in params["data.numeric"]
+
+
+@pytest.mark.slow
+def test_the_mlflow_model_takes_the_columns_as_written(user):
+    import mlflow
+
+    last = last_run(user["output_dir"])
+    model_id = last["tracking"]["model_id"]
+    assert model_id, last["tracking"]
+    with scoped_tracking_uri(f"sqlite:///{user['output_dir'] / 'mlflow' / 'mlflow.db'}"):
+        model = mlflow.pyfunc.load_model(f"models:/{model_id}")
+    features = set(load_config(user["config"]).data.feature_columns)
+    schema = model.metadata.get_input_schema()
+    assert set(schema.input_names()) == features
+    kinds = {c.name: c.type.name for c in schema.inputs}
+    cast = {"string": str, "long": int, "double": lambda cell: float(cell.replace(",", "."))}
+    written = [r for r in user["records"][::7] if all(r.values())][:5]
+    rows = pd.DataFrame([{name: cast[kinds[name]](r[name]) for name in features} for r in written])
+    predicted = model.predict(rows)
+    assert [c for c in predicted["class"]] == [r[LABEL].strip().capitalize() for r in written]
 
 
 @pytest.mark.slow

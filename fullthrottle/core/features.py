@@ -114,3 +114,17 @@ def data_spec_from_custom_config(custom_config: Mapping[str, Any] | None):
     if not custom_config or "data" not in custom_config:
         raise ValueError("custom_config must carry the `data` spec (set by pipelines.pipeline)")
     return validate_section(DataSpec, custom_config["data"], where="data")
+
+
+def raw_input_keywords(loaded: object) -> dict[str, str]:
+    """For a loaded pushed SavedModel: each `predict_raw` input column, as written, whose
+    signature function takes another keyword -> that keyword (the internal name). Read from the
+    model's `raw_input_names` function (written by `serving.signatures`); empty for a model
+    whose columns are all safe names, or one without the table."""
+    names = getattr(loaded, "raw_input_names", None)
+    if names is None:
+        return {}
+    table = names()
+    columns = [c.decode("utf-8") for c in table["column"].numpy()]
+    internal = [c.decode("utf-8") for c in table["internal"].numpy()]
+    return {c: i for c, i in zip(columns, internal, strict=True) if c != i}

@@ -20,6 +20,7 @@ from typing import Any
 import mlflow
 import numpy as np
 
+from fullthrottle.core.features import raw_input_keywords
 from fullthrottle.tracking.store import scoped_tracking_uri
 
 CODE = Path(__file__).with_name("served_model.py")
@@ -41,13 +42,21 @@ class ServedModelDescription:
     classes: list[str]  # the order of `probabilities`
 
 
+def raw_input_specs(loaded: Any) -> dict[str, Any]:
+    """`predict_raw`'s inputs (column as written -> TensorSpec): what a client sends, whatever
+    keyword the signature function takes for a column whose name is not safe in TensorFlow."""
+    specs = dict(loaded.signatures[RAW_SIGNATURE].structured_input_signature[1])
+    by_keyword = {keyword: column for column, keyword in raw_input_keywords(loaded).items()}
+    return {by_keyword.get(name, name): spec for name, spec in specs.items()}
+
+
 def _raw_frame(loaded: Any, examples: Sequence[bytes]) -> Any:
     """Rows of `examples` (serialized tf.Examples) that have every raw input, as the DataFrame a
     client would send: one column per `predict_raw` input, numbers as float64 / int64."""
     import pandas as pd
     import tensorflow as tf
 
-    specs = loaded.signatures[RAW_SIGNATURE].structured_input_signature[1]
+    specs = raw_input_specs(loaded)
     parsed = tf.io.parse_example(
         tf.constant(list(examples)),
         {name: tf.io.VarLenFeature(s.dtype) for name, s in specs.items()},
@@ -82,7 +91,7 @@ def describe(saved_model_dir: str, examples: Sequence[bytes]) -> ServedModelDesc
     from mlflow.types.schema import Array
 
     loaded = tf.saved_model.load(saved_model_dir)
-    specs = loaded.signatures[RAW_SIGNATURE].structured_input_signature[1]
+    specs = raw_input_specs(loaded)
     classified = loaded.signatures[CLASSIFY_SIGNATURE](inputs=tf.constant(list(examples[:1])))
     classes = [c.decode("utf-8") for c in classified["classes"].numpy()[0]]
     # float32 inputs are declared "double": pandas reads decimals as float64, and MLflow refuses

@@ -26,7 +26,20 @@ class PushedModel(PythonModel):
 
         self._model = tf.saved_model.load(context.artifacts[SAVED_MODEL])
         self._predict = self._model.signatures[SIGNATURE]
-        self._inputs = self._predict.structured_input_signature[1]
+        # Columns whose names are not safe inside TensorFlow are taken by the signature function
+        # under an internal keyword; the model's `raw_input_names` table maps them (the same
+        # reading as fullthrottle.core.features.raw_input_keywords, repeated: this file imports
+        # nothing of fullthrottle).
+        self._keywords = {}
+        names = getattr(self._model, "raw_input_names", None)
+        if names is not None:
+            table = names()
+            columns = [c.decode("utf-8") for c in table["column"].numpy()]
+            internal = [c.decode("utf-8") for c in table["internal"].numpy()]
+            self._keywords = dict(zip(columns, internal, strict=True))
+        by_keyword = {keyword: column for column, keyword in self._keywords.items()}
+        specs = self._predict.structured_input_signature[1]
+        self._inputs = {by_keyword.get(name, name): spec for name, spec in specs.items()}
 
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import tensorflow as tf
@@ -38,7 +51,7 @@ class PushedModel(PythonModel):
                 values = np.array([str(v) for v in column], dtype=object)
             else:
                 values = column.astype(spec.dtype.as_numpy_dtype)
-            features[name] = tf.constant(values, dtype=spec.dtype)
+            features[self._keywords.get(name, name)] = tf.constant(values, dtype=spec.dtype)
         outputs = self._predict(**features)
         probabilities = outputs["probabilities"].numpy().astype(np.float64)
         return pd.DataFrame(

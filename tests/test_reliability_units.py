@@ -205,7 +205,7 @@ def test_the_gate_the_schema_import_and_the_pusher_work_on_a_non_local_filesyste
     import tensorflow as tf
     from tfx.types import standard_artifacts
 
-    from components.data_gate import SCHEMA_FILE, DataGate, ImportSchema, file_digest
+    from components.data_gate import SCHEMA_FILE, DataGate, DataGateError, ImportSchema, file_digest
     from components.safe_pusher import Executor as PusherExecutor
     from serving.push import WARMUP_RELATIVE_PATH
 
@@ -238,14 +238,43 @@ def test_the_gate_the_schema_import_and_the_pusher_work_on_a_non_local_filesyste
         _to_ram(_artifact_dir(output_dir, "ExampleValidator", "anomalies"), f"{root}/anomalies"),
         split_names=splits,
     )
+    # Its cell checks re-read the CSV that ExampleGen read, there too.
+    config = load_config()
+    input_base = _to_ram(output_dir / "data" / config.pipeline_name, f"{root}/data")
     validated = artifact(standard_artifacts.Schema, f"{root}/DataGate/validated_schema")
     DataGate.EXECUTOR_SPEC.executor_class().Do(
         {"anomalies": [anomalies], "schema": [imported]},
         {"validated_schema": [validated]},
-        {"input_files": "penguins.csv", "schema_source": schema_file},
+        {
+            "input_files": "penguins.csv",
+            "schema_source": schema_file,
+            "input_base": input_base,
+            "data_spec": json.dumps(dataclasses.asdict(config.data)),
+        },
     )
     assert tf.io.gfile.listdir(validated.uri) == [SCHEMA_FILE]
     assert tf.io.gfile.GFile(f"{validated.uri}/{SCHEMA_FILE}").read() == written
+    # A cell with a unit in a copy there stops the gate, named with its line: it read the copy.
+    (csv_file,) = tf.io.gfile.glob(f"{input_base}/*.csv")
+    lines = tf.io.gfile.GFile(csv_file).read().splitlines()
+    column = lines[0].split(",").index("bill_length_mm")
+    cells = lines[1].split(",")
+    cells[column] += " mm"
+    dirty_base = f"{root}/dirty"
+    tf.io.gfile.makedirs(dirty_base)
+    with tf.io.gfile.GFile(f"{dirty_base}/penguins.csv", "w") as f:
+        f.write("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
+    with pytest.raises(DataGateError, match=r"(?s)bill_length_mm.*line 2"):
+        DataGate.EXECUTOR_SPEC.executor_class().Do(
+            {"anomalies": [anomalies], "schema": [imported]},
+            {"validated_schema": [artifact(standard_artifacts.Schema, f"{root}/DataGate/dirty")]},
+            {
+                "input_files": "penguins.csv",
+                "schema_source": schema_file,
+                "input_base": dirty_base,
+                "data_spec": json.dumps(dataclasses.asdict(config.data)),
+            },
+        )
 
     # The Pusher publishes the run's model from ram:// into ram://, with its warmup records.
     model = artifact(

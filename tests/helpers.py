@@ -85,3 +85,37 @@ def served_dirs(serving_dir: Path) -> list[Path]:
     if not serving_dir.exists():
         return []
     return sorted(p for p in serving_dir.iterdir() if p.is_dir() and p.name.isdigit())
+
+
+# The stock steps every run has; the schema step's id depends on whether the schema is imported.
+CORE_COMPONENTS = (
+    "CsvExampleGen",
+    "StatisticsGen",
+    "ExampleValidator",
+    "Transform",
+    "Trainer",
+    "Evaluator",
+    "Pusher",
+)
+
+
+def assert_all_components_completed(last: dict) -> None:
+    """Every node of the pipeline ran (none cached, none skipped), the core ones included."""
+    from fullthrottle.core.config import Config, validate_section
+    from pipelines.local_runner import build_local_pipeline
+
+    config = validate_section(Config, last["config"])
+    pipeline = build_local_pipeline(config, input_base=str(config.staged_data_dir))
+    node_ids = {component.id for component in pipeline.components}
+    assert set(CORE_COMPONENTS) <= node_ids
+    assert set(last["components"]) == node_ids, (sorted(last["components"]), sorted(node_ids))
+    for component, record in last["components"].items():
+        assert record["state"] == "complete", (component, last["components"])
+
+
+def leftovers(tmpdir: Path) -> list[str]:
+    """Everything a run left in its temp folder. Without the run's scratch temp folder, TFX and
+    Beam leave folders there on every run (13 empty ones for a default run: Beam's job-server
+    and pipeline temp folders, TFX executors' temp folders) and, when given Beam arguments, an
+    sdist of TFX itself per Beam component (~50 MB each) with Beam's staging lists for it."""
+    return sorted(str(p.relative_to(tmpdir)) for p in tmpdir.rglob("*"))

@@ -10,33 +10,16 @@ import tensorflow as tf
 
 from fullthrottle.core.config import BeamConfig
 from pipelines.local_runner import beam_pipeline_args
-from tests.helpers import eval_split_examples, label_of, last_run, run_cli, served_dirs, strip_label
-
-# The stock steps every run has; the schema step's id depends on whether the schema is imported.
-CORE_COMPONENTS = (
-    "CsvExampleGen",
-    "StatisticsGen",
-    "ExampleValidator",
-    "Transform",
-    "Trainer",
-    "Evaluator",
-    "Pusher",
+from tests.helpers import (
+    assert_all_components_completed,
+    eval_split_examples,
+    label_of,
+    last_run,
+    leftovers,
+    run_cli,
+    served_dirs,
+    strip_label,
 )
-
-
-def assert_all_components_completed(last: dict) -> None:
-    """Every node of the pipeline ran (none cached, none skipped), the core ones included."""
-    from fullthrottle.core.config import Config, validate_section
-    from pipelines.local_runner import build_local_pipeline
-
-    config = validate_section(Config, last["config"])
-    pipeline = build_local_pipeline(config, input_base=str(config.staged_data_dir))
-    node_ids = {component.id for component in pipeline.components}
-    assert set(CORE_COMPONENTS) <= node_ids
-    assert set(last["components"]) == node_ids, (sorted(last["components"]), sorted(node_ids))
-    for component, record in last["components"].items():
-        assert record["state"] == "complete", (component, last["components"])
-
 
 pytestmark = pytest.mark.slow
 
@@ -111,17 +94,9 @@ def test_raw_feature_signature_matches_example_signature(penguins_run):
     np.testing.assert_allclose(raw_probabilities, example_probabilities, atol=1e-5)
 
 
-def _leftovers(tmpdir: Path) -> list[str]:
-    """Everything a run left in its temp folder. Without the run's scratch temp folder, TFX and
-    Beam leave folders there on every run (13 empty ones for a default run: Beam's job-server
-    and pipeline temp folders, TFX executors' temp folders) and, when given Beam arguments, an
-    sdist of TFX itself per Beam component (~50 MB each) with Beam's staging lists for it."""
-    return sorted(str(p.relative_to(tmpdir)) for p in tmpdir.rglob("*"))
-
-
 def test_a_default_run_leaves_nothing_in_the_temp_folder(penguins_run):
     _, result = penguins_run
-    assert _leftovers(Path(result.tmpdir)) == []
+    assert leftovers(Path(result.tmpdir)) == []
     # in_memory is DirectRunner's default: no Beam argument, so TFX does not package itself.
     assert beam_pipeline_args(BeamConfig()) == []
 
@@ -140,31 +115,3 @@ def test_second_run_reuses_the_cache(penguins_run):
     assert second["run_id"] != first["run_id"]
     # Nothing new is pushed when nothing changed.
     assert len(served_dirs(output_dir / "serving" / "penguins")) == 1
-
-
-def test_multi_processing_beam_mode_runs_the_whole_pipeline(tmp_path):
-    """DirectRunner multi_processing with 2 workers: the option path a distributed runner uses."""
-    tmpdir = tmp_path / "tmp"
-    tmpdir.mkdir()
-    result = run_cli(
-        "run",
-        "--output-dir",
-        str(tmp_path / "out"),
-        "--set",
-        "beam.direct_running_mode=multi_processing",
-        "--set",
-        "beam.direct_num_workers=2",
-        "--set",
-        "training.train_steps=100",
-        "--set",
-        "evaluation.accuracy_threshold=0.5",
-        env={"TMPDIR": str(tmpdir)},
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    # With Beam arguments TFX packages itself for every Beam component; the run's scratch temp
-    # folder takes those packages away with it (and its own folder goes too).
-    assert _leftovers(tmpdir) == []
-    last = last_run(tmp_path / "out")
-    assert last["config"]["beam"]["direct_running_mode"] == "multi_processing"
-    assert_all_components_completed(last)
-    assert last["pushed_model_dir"]

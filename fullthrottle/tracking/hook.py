@@ -60,10 +60,12 @@ from fullthrottle.tracking.names import (
     ATTACHED_AT_TAG,
     COMPONENT_TAG,
     CREATED_BY_TAG,
+    INTERRUPTED_AT_TAG,
     PIPELINE_KEY_TAG,
     PIPELINE_TAG,
     TRACKING_GROUP,
     TRAINING_KEY_TAG,
+    UNREADABLE_CHECKPOINTS_TAG,
     metric_name,
 )
 from fullthrottle.tracking.store import TrainerLink, bound_http_requests
@@ -464,6 +466,35 @@ class MlflowTrainingHook(TrainingHook):
                 self.journal.persist()
             self._release(until_step=step)
 
+    def on_interrupt(self, step: int, checkpoint: str | None) -> None:
+        """A signal stopped training at ``step`` with a checkpoint there: sends what it covers and
+        marks the Trainer run (and a parent this hook made) KILLED; the rerun re-attaches both."""
+        self._close_point()
+        if self.journal is not None:
+            self.journal.persist()
+        self._release(until_step=step if checkpoint else None)
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self.sender is not None:
+            self.sender.close(self.link.flush_timeout_seconds)
+        client = self.channel.client
+        for run_id, what in (
+            (self.run_id, "the Trainer run"),
+            (self.parent_run_id if self.owns_parent else None, "the pipeline run"),
+        ):
+            if run_id is not None:
+                self.channel.ok(
+                    f"tag {what} interrupted",
+                    client.set_tag,
+                    run_id,
+                    INTERRUPTED_AT_TAG,
+                    str(step),
+                )
+                self.channel.ok(f"mark {what} killed", client.set_terminated, run_id, "KILLED")
+        if self.journal is not None:
+            self.journal.close()
+        self._write_status()
+
     def on_train_end(self, result: Any) -> None:
         self._close_point()
         if self.journal is not None:
@@ -672,6 +703,10 @@ class MlflowTrainingHook(TrainingHook):
             RunTag("fullthrottle.precision_reason", facts.precision_reason[:5000]),
             RunTag("fullthrottle.start_step", str(facts.start_step)),
         ]
+        if facts.unreadable_checkpoints:
+            tags.append(
+                RunTag(UNREADABLE_CHECKPOINTS_TAG, ", ".join(facts.unreadable_checkpoints)[:5000])
+            )
         client = self.channel.client
         assert self.run_id is not None and self.parent_run_id is not None
         self.channel.ok(
@@ -684,7 +719,8 @@ class MlflowTrainingHook(TrainingHook):
             client.log_batch,
             self.parent_run_id,
             params=parent_params,
-            tags=[RunTag("fullthrottle.strategy", facts.strategy_name)],
+            tags=[RunTag("fullthrottle.strategy", facts.strategy_name)]
+            + [t for t in tags if t.key == UNREADABLE_CHECKPOINTS_TAG],
         )
 
     def _say_gpu_metrics(self) -> None:

@@ -31,6 +31,11 @@ Exactly once across a kill and resume:
   process died before they were sent) are sent, and the journaled loops after the last such point
   (up to S) become one point at their last step; everything after S is dropped (it is retrained).
 So each loop is counted in exactly one point, and every loop up to the last checkpoint is there.
+A resume from behind what MLflow already has (the newest checkpoint was unreadable and set aside)
+trains those steps again but sends points only past the newest step MLflow has: no step twice;
+the curve keeps the first training's values there.
+A signal that stops training (`on_interrupt`) sends what its checkpoint covers and marks the
+Trainer run KILLED; the rerun re-attaches it, as after a kill.
 On an object store (gs://, which cannot append) the journal is rewritten at each checkpoint
 instead of appended per loop: a kill between a checkpoint and that rewrite loses the points of
 the loops since the previous checkpoint (a gap in the curve, never a duplicate).
@@ -355,6 +360,7 @@ class MlflowTrainingHook(TrainingHook):
         self.run_id: str | None = None
         self.journal: Journal | None = None
         self._pending: list[dict[str, Any]] = []  # points not yet covered by a checkpoint
+        self._sent_through = -1  # on a resume: the newest step MLflow already had
         self._loops: list[dict[str, Any]] = []  # loops since the last point
         self._steps_per_point = 0  # set from the run's train_steps; 0 = a point per loop
         self._next_point_step = 0  # the loop ending at or after this step closes a point
@@ -554,7 +560,11 @@ class MlflowTrainingHook(TrainingHook):
 
     # --- internals ------------------------------------------------------------------------
     def _release(self, *, until_step: int | None) -> None:
-        ready = [r for r in self._pending if until_step is None or r["step"] <= until_step]
+        ready = [
+            r
+            for r in self._pending
+            if (until_step is None or r["step"] <= until_step) and r["step"] > self._sent_through
+        ]
         self._pending = [
             r for r in self._pending if until_step is not None and r["step"] > until_step
         ]
@@ -668,7 +678,8 @@ class MlflowTrainingHook(TrainingHook):
     def _resend_missing(self, kept: list[dict[str, Any]]) -> None:
         """Sends journaled points (step <= restored step) that MLflow does not have."""
         assert self.run_id is not None and self.sender is not None
-        keys = sorted({k for r in kept for k in r["values"]})
+        # The loss is always read: it also says how far MLflow's curves already go (below).
+        keys = sorted({metrics.LOSS} | {k for r in kept for k in r["values"]})
         have: dict[str, set[int]] = {}
         for key in keys:
             history = self.channel.call(
@@ -682,6 +693,9 @@ class MlflowTrainingHook(TrainingHook):
                 self.channel.count_dropped(sum(len(r["values"]) for r in kept))
                 return
             have[key] = {m.step for m in history}
+        # Resuming behind what MLflow has (the newest checkpoint was unreadable and set aside):
+        # the steps up to there are trained again but not sent again, so no step appears twice.
+        self._sent_through = max((max(steps) for steps in have.values() if steps), default=-1)
         missing = [
             metric
             for record in kept

@@ -34,7 +34,6 @@ checkpoint recipe is only tested eagerly here.
 
 from __future__ import annotations
 
-import glob
 import inspect
 import json
 import logging
@@ -221,12 +220,13 @@ class CheckpointStore:
         the state file (CheckpointManager would otherwise keep pointing at the moved one)."""
         target = os.path.join(self.chief_directory, UNREADABLE_DIR)
         tf.io.gfile.makedirs(target)
+        gfile = tf.io.gfile  # local folders and object stores alike (there a rename is a copy)
         for prefix in self.set_aside:
-            for path in glob.glob(glob.escape(prefix) + ".*"):
+            for path in gfile.glob(prefix + ".*"):
                 dest = os.path.join(target, os.path.basename(path))
-                if os.path.exists(dest):
+                if gfile.exists(dest):
                     dest += f".{int(time.time())}"
-                os.replace(path, dest)
+                gfile.rename(path, dest)
         state = os.path.join(self.chief_directory, "checkpoint")
         if kept:
             # CheckpointManager's state file (a CheckpointState text proto), oldest first, names
@@ -234,11 +234,11 @@ class CheckpointStore:
             names = [os.path.basename(p) for p in reversed(kept)]
             lines = [f"model_checkpoint_path: {json.dumps(names[-1])}"]
             lines += [f"all_model_checkpoint_paths: {json.dumps(n)}" for n in names]
-            with open(state + ".tmp", "w", encoding="utf-8") as f:
+            with gfile.GFile(state + ".tmp", "w") as f:
                 f.write("\n".join(lines) + "\n")
-            os.replace(state + ".tmp", state)
-        elif os.path.exists(state):
-            os.remove(state)
+            gfile.rename(state + ".tmp", state, overwrite=True)
+        elif gfile.exists(state):
+            gfile.remove(state)
         # The manager read the old state when it was made: make it again.
         self.manager = tf.train.CheckpointManager(
             self.checkpoint, self.directory, max_to_keep=self.max_to_keep

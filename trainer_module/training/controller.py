@@ -135,7 +135,7 @@ def _train_loops(
 ) -> list[dict[str, Any]]:
     """Loops from ``start_step`` to ``config.train_steps``, each followed by its actions; the
     loops' history records. After each loop, a stop asked by a signal on any worker (``agree``:
-    the all-reduce MAX over workers) saves a checkpoint at that step and raises
+    an all-reduce over workers) saves a checkpoint at that step and raises
     TrainingInterrupted on every worker, at the same step."""
     scale_var = loss_scale_variable(loop.optimizer)
     history: list[dict[str, Any]] = []

@@ -6,7 +6,7 @@ Two ways to take a signal, one rule for the second one:
   raises :class:`errors.Interrupted` in the main thread, where Python next runs bytecode.
 - :class:`StopBetweenLoops` (what the controller holds while it trains): the first signal only
   sets a flag; the controller reads it after each N-step loop, every worker agrees (one all-reduce
-  MAX of the flag), and it saves a checkpoint at that step before it stops.
+  of the flags), and it saves a checkpoint at that step before it stops.
 
 Either way the first signal puts both signals back to the kernel's default action, so a second
 one ends the process at once, even in the middle of a checkpoint write or of any C++ call (a
@@ -111,6 +111,6 @@ class StopBetweenLoops:
         self.signum = signum
 
     def requested(self, agree: Callable[[bool], bool]) -> bool:
-        """True when this worker or any other was asked to stop; ``agree`` is the all-reduce MAX
+        """True when this worker or any other was asked to stop; ``agree`` is the all-reduce (any)
         over workers (every worker must call this after the same loop, so all stop at one step)."""
         return agree(self.signum is not None)

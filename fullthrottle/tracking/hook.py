@@ -474,7 +474,7 @@ class MlflowTrainingHook(TrainingHook):
 
     def on_interrupt(self, step: int, checkpoint: str | None) -> None:
         """A signal stopped training at ``step`` with a checkpoint there: sends what it covers and
-        marks the Trainer run (and a parent this hook made) KILLED; the rerun re-attaches both."""
+        marks the Trainer run KILLED (the rerun's hook re-attaches it by its training key)."""
         self._close_point()
         if self.journal is not None:
             self.journal.persist()
@@ -484,19 +484,27 @@ class MlflowTrainingHook(TrainingHook):
         if self.sender is not None:
             self.sender.close(self.link.flush_timeout_seconds)
         client = self.channel.client
-        for run_id, what in (
-            (self.run_id, "the Trainer run"),
-            (self.parent_run_id if self.owns_parent else None, "the pipeline run"),
-        ):
-            if run_id is not None:
-                self.channel.ok(
-                    f"tag {what} interrupted",
-                    client.set_tag,
-                    run_id,
-                    INTERRUPTED_AT_TAG,
-                    str(step),
-                )
-                self.channel.ok(f"mark {what} killed", client.set_terminated, run_id, "KILLED")
+        if self.run_id is not None:
+            self.channel.ok(
+                "tag the Trainer run interrupted",
+                client.set_tag,
+                self.run_id,
+                INTERRUPTED_AT_TAG,
+                str(step),
+            )
+            self.channel.ok(
+                "mark the Trainer run killed", client.set_terminated, self.run_id, "KILLED"
+            )
+        # A pipeline run this hook made (Kubeflow) stays RUNNING: the retried pod's hook finds
+        # its parent among RUNNING runs. `fullthrottle run` ends its own run KILLED itself.
+        if self.owns_parent and self.parent_run_id is not None:
+            self.channel.ok(
+                "tag the pipeline run interrupted",
+                client.set_tag,
+                self.parent_run_id,
+                INTERRUPTED_AT_TAG,
+                str(step),
+            )
         if self.journal is not None:
             self.journal.close()
         self._write_status()

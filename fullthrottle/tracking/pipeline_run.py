@@ -393,9 +393,13 @@ class PipelineTracker:
         self.channel.ok(
             f"log the {component} summary", client.log_batch, run_id, metrics=metrics, tags=tags
         )
-        self.channel.ok(
-            f"end the {component} run", client.set_terminated, run_id, status="FINISHED"
-        )
+        # A component that did not complete ends as the run did: KILLED when a signal stopped
+        # it (the rerun re-attaches its run), FAILED otherwise.
+        if comp.state in ("complete", "cached"):
+            status = "FINISHED"
+        else:
+            status = "KILLED" if summary.get("interrupted") else "FAILED"
+        self.channel.ok(f"end the {component} run", client.set_terminated, run_id, status=status)
 
     def _log_datasets(self, components: dict[str, Any]) -> None:
         """ExampleGen's train and eval splits as MLflow datasets of the run (`log_inputs`)."""

@@ -100,3 +100,16 @@ def test_too_little_free_space_is_refused_naming_folder_and_bytes(tmp_path):
     data = tmp_path / "in.csv"
     data.write_bytes(b"x" * 1234)
     assert input_bytes([str(data), str(tmp_path / "missing")]) == 1234
+
+
+def test_the_resume_command_repeats_the_run_without_its_secrets():
+    import argparse
+
+    from fullthrottle.commands.run import resume_command
+
+    args = argparse.Namespace(
+        argv=("run", "--output-dir", "my runs", "--set", "tracking.uri=https://me:s3cret@mlflow.x")
+    )
+    command = resume_command(args)
+    assert command.startswith("fullthrottle run --output-dir 'my runs' --set ")
+    assert "s3cret" not in command and "mlflow.x" in command

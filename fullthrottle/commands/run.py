@@ -65,11 +65,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    """The command line that started this run (and resumes it)."""
+    """The command line that started this run (and resumes it), secrets masked: it is printed,
+    and written to the lock file and `last_run.json`."""
+    from fullthrottle.core.redact import redact_text
+
     argv = getattr(args, "argv", None)
     if argv is None:
         argv = sys.argv[1:]
-    return shlex.join(["fullthrottle", *argv])
+    return redact_text(shlex.join(["fullthrottle", *argv]))
 
 
 def _run_locked(config: Config, *, command: str) -> int:
@@ -239,7 +242,7 @@ def run_summary(
     if isinstance(error, KeyboardInterrupt):
         summary["status"] = INTERRUPTED
         summary[INTERRUPTED] = interrupted_record(
-            error, component=failed_component, command=redact_text(command or "")
+            error, component=failed_component, command=command or ""
         )
     elif error is not None:
         summary["error"] = redact_text(f"{type(error).__name__}: {_first_line(error)}")

@@ -204,8 +204,11 @@ def train(
     other workers use a temporary directory that is removed afterwards), ``work_dir/logs/``
     (TensorBoard, chief) and ``work_dir/profile/`` (profiler, chief, if ``profile_steps``).
 
-    Raises ConfigError / InputDataError before any training on bad config or spec, and
-    TrainingDivergedError (nothing exported, no checkpoint written) on a non-finite loss.
+    Raises ConfigError / InputDataError before any training on bad config or spec,
+    CheckpointUnreadableError when checkpoints exist but none can be read (unless
+    ``config.unreadable_checkpoints == "start_over"``), TrainingDivergedError (nothing exported,
+    no checkpoint written) on a non-finite loss, and TrainingInterrupted after SIGINT/SIGTERM
+    (on any worker): at the end of the loop it came in, with a checkpoint written at that step.
     """
     # Cheap, TF-free refusals first (set_up refuses a model the inputs cannot feed).
     validate_feature_spec(feature_spec, model_inputs)

@@ -146,3 +146,37 @@ def test_no_readable_checkpoint_stops_unless_asked_to_start_over(tmp_path):
     assert checkpoint_candidates(str(ckpt_dir)) == [only]  # left for the user to decide
     result = _train(tmp_path, _config(train_steps=30, unreadable_checkpoints="start_over"))
     assert result.facts.start_step == 0 and result.steps_completed == 30
+
+
+SECOND_SIGNAL = """
+import signal, sys, time
+from trainer_module.training.interrupt import StopBetweenLoops
+with StopBetweenLoops() as stop:
+    signal.raise_signal(signal.SIGINT)  # the first: only recorded
+    print("recorded", stop.signum, flush=True)
+    time.sleep(60)  # stands for a long checkpoint write: the second signal must not wait for it
+print("not aborted", flush=True)
+"""
+
+
+def test_a_second_signal_ends_the_process_at_once(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import REPO
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SECOND_SIGNAL],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=tmp_path,
+    )
+    assert proc.stdout.readline().strip() == f"recorded {int(signal.SIGINT)}"
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGINT  # ended by the signal itself, not by Python
+    assert time.monotonic() - sent < 5
+    assert "not aborted" not in proc.stdout.read()

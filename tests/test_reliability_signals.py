@@ -22,7 +22,6 @@ import glob
 import os
 import random
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, committed_checkpoint_step, last_run
+from tests.helpers import committed_checkpoint_step, last_run, snapshot_code
 
 pytestmark = [
     pytest.mark.slow,
@@ -180,22 +179,6 @@ class Campaign:
         print(f"[signals] {text}", flush=True)
 
 
-def _snapshot_code(target: Path) -> Path:
-    """The project's files as they are now (as tests/test_reliability_faults.py does)."""
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for relative in filter(None, listed.split("\0")):
-        source = REPO / relative
-        if source.is_file():
-            (target / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / relative)
-    return target
-
-
 def _mlflow_statuses(summary: dict) -> tuple[str, str]:
     """Statuses of the pipeline run and of its Trainer run, read from MLflow's store now."""
     from mlflow.tracking import MlflowClient
@@ -251,7 +234,7 @@ def campaign(tmp_path_factory) -> Campaign:
     seed = int(os.environ.get("FULLTHROTTLE_SIGNAL_SEED", random.SystemRandom().randrange(10**6)))
     rng = random.Random(seed)
     c.note(f"seed {seed} (FULLTHROTTLE_SIGNAL_SEED replays the same signal moments)")
-    code = _snapshot_code(tmp_path_factory.mktemp("signals-code"))
+    code = snapshot_code(tmp_path_factory.mktemp("signals-code"))
 
     # 1. Two runs within a second on one folder.
     first, second = Run(output_dir, code), Run(output_dir, code)

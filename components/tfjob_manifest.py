@@ -23,10 +23,13 @@ PLURAL = "tfjobs"
 GROUP, VERSION = API_VERSION.split("/")
 # The operator finds the TensorFlow container by this name (ports, TF_CONFIG).
 CONTAINER_NAME = "tensorflow"
-# Pods killed from outside (exit 128+signal, e.g. preemption, OOM-kill) restart and resume from the
-# last checkpoint; an error in the trainer (exit 1) fails the job at once instead of looping.
+# Pods killed from outside (exit 128+signal, e.g. preemption, OOM-kill, or the trainer's own stop on
+# SIGTERM, which ends the process as a signal does) restart and resume from the last checkpoint; an
+# error in the trainer (exit 1) fails the job at once instead of looping.
 RESTART_POLICY = "ExitCode"
-BACKOFF_LIMIT = 3
+BACKOFF_LIMIT = 3  # restarts, unless `settings["retries"]` says otherwise
+# Between SIGTERM and SIGKILL: the trainer finishes its loop and writes a checkpoint in it.
+TERMINATION_GRACE_PERIOD_SECONDS = 300
 
 
 def tfjob_name(*, pipeline_name: str, execution_key: str) -> str:
@@ -75,7 +78,8 @@ def build_tfjob_manifest(
 
     `settings` keys: workers, image, namespace, resources (cpu_request, cpu_limit, memory_request,
     memory_limit, accelerator_type, accelerator_count), timeout_minutes, clean_pod_policy,
-    service_account. Refuses fewer than one worker.
+    service_account, termination_grace_period_seconds and retries (optional). Refuses fewer than
+    one worker.
     """
     workers = int(settings["workers"])
     if workers < 1:
@@ -89,7 +93,14 @@ def build_tfjob_manifest(
     resources = _container_resources(settings.get("resources") or {})
     if resources:
         container["resources"] = resources
-    pod_spec: dict[str, Any] = {"containers": [container]}
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        # Preemption and eviction send SIGTERM, then SIGKILL after this many seconds: the trainer
+        # stops at its next loop end and saves a checkpoint there, which the restart resumes from.
+        "terminationGracePeriodSeconds": int(
+            settings.get("termination_grace_period_seconds") or TERMINATION_GRACE_PERIOD_SECONDS
+        ),
+    }
     if settings.get("service_account"):
         pod_spec["serviceAccountName"] = settings["service_account"]
     pod_labels = {"app.kubernetes.io/part-of": "fullthrottle", **(labels or {})}
@@ -111,7 +122,7 @@ def build_tfjob_manifest(
         "spec": {
             "runPolicy": {
                 "cleanPodPolicy": settings.get("clean_pod_policy", "Running"),
-                "backoffLimit": BACKOFF_LIMIT,
+                "backoffLimit": int(settings.get("retries", BACKOFF_LIMIT)),
                 "activeDeadlineSeconds": int(settings["timeout_minutes"]) * 60,
             },
             # The job succeeds when the chief does: it is the one that exports the model.

@@ -74,6 +74,8 @@ def tfjob_settings(config: Any) -> dict[str, Any]:
         "poll_seconds": tfjob.poll_seconds,
         "clean_pod_policy": tfjob.clean_pod_policy,
         "service_account": tfjob.service_account,
+        "termination_grace_period_seconds": kf.termination_grace_period_seconds,
+        "retries": kf.trainer_retries,
     }
 
 

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
 import textwrap
 from collections.abc import Sequence
@@ -99,6 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = tuple(argv)  # what `run` shows as the command that resumes it
     debug = getattr(args, "debug", False)
     try:
         return int(args.handler(args) or 0)
@@ -108,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = textwrap.fill(str(exc), width=100, break_long_words=False, break_on_hyphens=False)
         print(f"fullthrottle {args.command}: error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"fullthrottle {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a command turns it into one
+        signum = getattr(exc, "signum", None) or signal.SIGINT
+        print(
+            f"fullthrottle {args.command}: interrupted by {signal.Signals(signum).name}",
+            file=sys.stderr,
+        )
+        return 128 + signum

@@ -223,6 +223,11 @@ class TrainerProgress(TrainingHook):
             f"{facts.strategy_name} x{facts.num_replicas}, "
             f"global batch {facts.global_batch_size}, {facts.precision_policy}"
         )
+        for prefix in facts.unreadable_checkpoints:
+            self._emit(
+                f"[trainer] warning: checkpoint {prefix} is unreadable (damaged or cut short); "
+                "moved to checkpoints/unreadable/, resumed from the newest readable one"
+            )
 
     def _steady_rate(self) -> float | None:
         """Seconds per step, from the loops after the first (tracing) one when there are any."""
@@ -264,6 +269,10 @@ class TrainerProgress(TrainingHook):
             f"[trainer] step {step}/{self._total} ({fraction:.0%}) loss={loss_text} "
             f"examples/s={self._examples_per_second:.0f}{wait_text} eta={eta_text}"
         )
+
+    def on_interrupt(self, step: int, checkpoint: str | None) -> None:
+        saved = f", checkpoint {checkpoint} written" if checkpoint else ""
+        self._emit(f"[trainer] stopped at step {step}/{self._total} on a signal{saved}")
 
     def on_train_end(self, result: Any) -> None:
         if self._bar_showing:

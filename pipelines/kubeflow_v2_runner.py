@@ -156,6 +156,7 @@ def compile_pipeline(
         enable_cache=caching_enabled(config),
         beam_args=config.kubeflow.beam_args,
         beam_tasks={component.id for component in pipeline.components if uses_beam(component)},
+        retries={"Trainer": config.kubeflow.trainer_retries},
     )
     return job
 
@@ -266,11 +267,13 @@ def apply_step_settings(
     images: Mapping[str, str] | None = None,
     beam_args: Sequence[str] = (),
     beam_tasks: Collection[str] = (),
+    retries: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Returns the spec with each task's container `resources` replaced by `resources[task]`
     (and its image by `images[task]`, when given), every task's caching flag set explicitly,
-    and the Beam args (which TFX appends to every step) kept only on the steps in
-    `beam_tasks`. Refuses a task it has no resources for."""
+    the Beam args (which TFX appends to every step) kept only on the steps in `beam_tasks`, and
+    a KFP retry policy of `retries[task]` retries on those tasks (a preempted Trainer pod is run
+    again and resumes from its checkpoint). Refuses a task it has no resources for."""
     from google.protobuf import json_format
 
     spec = json_format.ParseDict(pipeline_spec, pipeline_spec_pb2.PipelineSpec())
@@ -283,6 +286,8 @@ def apply_step_settings(
         if label is None:
             continue  # a sub-DAG (the Pusher's condition), not a container
         task.caching_options.enable_cache = enable_cache
+        if retries and retries.get(name):
+            task.retry_policy.max_retry_count = int(retries[name])
         executor = deployment.executors[label]
         if not executor.HasField("container"):
             continue  # an importer: no pod of its own

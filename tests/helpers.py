@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,27 @@ def committed_checkpoint_step(pipeline_root: Path) -> int:
                 if line.startswith("model_checkpoint_path:") and (m := _CKPT.search(line)):
                     steps.append(int(m.group(1)))
     return max(steps, default=0)
+
+
+def snapshot_code(target: Path) -> Path:
+    """A copy of the project's files as they are now, for a campaign of runs to use throughout.
+
+    Transform's and the Trainer's cache keys (and the Trainer's checkpoint folder) include a hash
+    of trainer_module/ and serving/: an edit to the shared working tree during the campaign would
+    rightly be a cache miss and a fresh training, and the campaign would test nothing.
+    """
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for relative in filter(None, listed.split("\0")):
+        source = REPO / relative
+        if source.is_file():
+            (target / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / relative)
+    return target
 
 
 def run_cli(

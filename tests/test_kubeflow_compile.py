@@ -220,6 +220,15 @@ def test_user_code_is_reached_by_names_the_image_contains(volume_spec):
         assert callable(getattr(importlib.import_module(module), attribute)), name
 
 
+def test_the_trainer_step_is_retried_after_a_preemption(volume_spec, tfjob_spec):
+    retries = load_config().kubeflow.trainer_retries
+    assert retries > 0
+    for _, spec in (volume_spec, tfjob_spec):
+        policies = {name: task.retry_policy.max_retry_count for name, task in iter_tasks(spec)}
+        assert policies.pop("Trainer") == retries
+        assert set(policies.values()) == {0}  # the other steps fail as they did
+
+
 def test_tfjob_trainer_step(tfjob_spec):
     _, spec = tfjob_spec
     trainer = _containers(spec)["Trainer"]

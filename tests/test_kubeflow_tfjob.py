@@ -53,7 +53,9 @@ def _artifacts(root: Path):
     return inputs, outputs, exec_properties
 
 
-def _manifest(workers: int, tmp_path: Path, *, gpus_per_replica: int = 4) -> dict:
+def _manifest(
+    workers: int, tmp_path: Path, *, gpus_per_replica: int = 4, extra: tuple[str, ...] = ()
+) -> dict:
     config = load_config(
         preset="multi_worker",
         overrides=[
@@ -62,6 +64,7 @@ def _manifest(workers: int, tmp_path: Path, *, gpus_per_replica: int = 4) -> dic
             f"kubeflow.tfjob.resources.accelerator_count={gpus_per_replica}",
             "kubeflow.namespace=ml-team",
             f"kubeflow.cpu_image={CPU_IMAGE}",
+            *extra,
         ],
     )
     settings = tfjob_settings(config)
@@ -90,6 +93,27 @@ def test_manifest_is_a_valid_tfjob_with_the_chief_counted(workers, tmp_path):
         # Trainer resources from kubeflow.resources.trainer, the accelerator count from tfjob.
         assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
         assert container["resources"]["requests"] == {"cpu": "4", "memory": "16Gi"}
+
+
+def test_preempted_replicas_have_time_to_checkpoint_and_are_restarted(tmp_path):
+    default = _manifest(2, tmp_path)
+    manifest = _manifest(
+        3,
+        tmp_path,
+        extra=("kubeflow.termination_grace_period_seconds=900", "kubeflow.trainer_retries=5"),
+    )
+    jsonschema.validate(manifest, SCHEMA)
+    assert default["spec"]["runPolicy"]["backoffLimit"] == load_config().kubeflow.trainer_retries
+    assert manifest["spec"]["runPolicy"]["backoffLimit"] == 5
+    for job, grace in (
+        (default, load_config().kubeflow.termination_grace_period_seconds),
+        (manifest, 900),
+    ):
+        for spec in job["spec"]["tfReplicaSpecs"].values():
+            # SIGTERM, then this long before SIGKILL: the trainer saves at its next loop end.
+            assert spec["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+            # A pod ended by a signal (exit 128+n) restarts and resumes; exit 1 does not.
+            assert spec["restartPolicy"] == "ExitCode"
 
 
 def test_replicas_without_gpus_run_the_cpu_image(tmp_path):

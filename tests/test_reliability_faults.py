@@ -44,6 +44,7 @@ from tests.helpers import (
     committed_checkpoint_step,
     eval_split_examples,
     last_run,
+    snapshot_code,
     strip_label,
 )
 
@@ -417,27 +418,6 @@ def _kill_during_pusher(c: Campaign, rng: random.Random, scratch: Path) -> None:
         )
 
 
-def _snapshot_code(target: Path) -> Path:
-    """A copy of the project's files as they are now, which every run of the campaign uses.
-
-    Transform's and the Trainer's cache keys (and the Trainer's checkpoint folder) include a hash
-    of trainer_module/ and serving/: an edit to the shared working tree during the campaign would
-    rightly be a cache miss and a fresh training, and the campaign would test nothing.
-    """
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.decode()
-    for relative in filter(None, listed.split("\0")):
-        source = REPO / relative
-        if source.is_file():
-            (target / relative).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / relative)
-    return target
-
-
 @pytest.fixture(scope="module")
 def campaign(tmp_path_factory) -> Campaign:
     output_dir = tmp_path_factory.mktemp("faults")
@@ -450,7 +430,7 @@ def campaign(tmp_path_factory) -> Campaign:
         seed=seed,
     )
     c.note(f"seed {seed} (set FULLTHROTTLE_FAULT_SEED to replay the same kill points)")
-    c.code = _snapshot_code(tmp_path_factory.mktemp("faults-code"))
+    c.code = snapshot_code(tmp_path_factory.mktemp("faults-code"))
     try:
         _kill_during_transform(c, rng)
         _kill_during_trainer(c, rng)

@@ -374,6 +374,62 @@ def test_the_trainer_joins_the_newest_pipeline_run_of_its_pipeline_or_makes_one(
     assert client.get_run(newer.info.run_id).data.params["derived.global_batch_size"] == "64"
 
 
+def test_a_stopped_trainer_is_killed_in_mlflow_and_its_retry_continues_both_runs(tmp_path):
+    """On a signal the hook sends what the checkpoint covers and ends the Trainer run KILLED; a
+    parent it made (Kubeflow) stays RUNNING for the retried pod, which re-attaches both runs; a
+    resume from behind the curve (the newest checkpoint set aside) sends no step twice."""
+    from mlflow.tracking import MlflowClient
+
+    from fullthrottle.tracking.hook import MlflowTrainingHook
+    from fullthrottle.tracking.names import INTERRUPTED_AT_TAG
+    from fullthrottle.tracking.store import TrainerLink
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    link = TrainerLink(
+        uri=uri,
+        experiment="pipes",
+        pipeline_name="pipe",
+        pipeline_key="k2",
+        retries=0,
+        system_metrics_interval_seconds=0,
+        metrics_interval_seconds=0,
+        points_per_curve=0,  # a point per loop
+    )
+    client = MlflowClient(uri)
+    work = str(tmp_path / "work")
+
+    def loops(hook, start, stop):
+        for step in range(start + 10, stop + 1, 10):
+            hook.on_loop_end(step, {"loss": 1.0, "steps": 10, "wall_time": 0.1})
+
+    stopped = MlflowTrainingHook(link)
+    stopped.on_train_begin(_facts(work, 0, train_steps=100))
+    loops(stopped, 0, 40)
+    stopped.on_checkpoint(40, "ckpt-40")
+    stopped.on_interrupt(40, "ckpt-40")
+    trainer = client.get_run(stopped.run_id)
+    assert trainer.info.status == "KILLED" and trainer.data.tags[INTERRUPTED_AT_TAG] == "40"
+    assert client.get_run(stopped.parent_run_id).info.status == "RUNNING"
+    assert [m.step for m in client.get_metric_history(stopped.run_id, "train/loss")] == [
+        10,
+        20,
+        30,
+        40,
+    ]
+
+    # The retry resumes from step 20 (ckpt-40 was unreadable): steps 30 and 40 are trained
+    # again, but MLflow keeps the points it has.
+    retry = MlflowTrainingHook(link)
+    retry.on_train_begin(_facts(work, 20, train_steps=100))
+    assert (retry.parent_run_id, retry.run_id) == (stopped.parent_run_id, stopped.run_id)
+    assert client.get_run(retry.run_id).info.status == "RUNNING"
+    loops(retry, 20, 60)
+    retry.on_checkpoint(60, "ckpt-60")
+    retry.on_interrupt(60, "ckpt-60")
+    steps = [m.step for m in client.get_metric_history(retry.run_id, "train/loss")]
+    assert sorted(steps) == [10, 20, 30, 40, 50, 60]
+
+
 def test_cpu_meter_counts_a_hook_blocked_on_io_in_the_direct_cost_not_in_cpu():
     meter = CpuMeter()
     meter.mark_loop_end()

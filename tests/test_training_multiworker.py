@@ -89,3 +89,57 @@ def test_two_workers_stay_in_sync_and_only_chief_exports(tmp_path):
     # a sibling of tmp_path/work whose name starts with "work".)
     assert not Path(worker["checkpoint_dir"]).is_relative_to(work_dir)
     assert not os.path.exists(worker["checkpoint_dir"])
+
+
+def test_a_signal_to_one_worker_stops_both_at_the_same_step_with_a_checkpoint(tmp_path):
+    """SIGTERM reaches the non-chief worker only (as when one pod is preempted): both agree, by
+    the all-reduce between loops, to stop after the same loop; the chief keeps its checkpoint."""
+    import signal
+    import time
+
+    inputs = tabular_inputs()
+    data = tmp_path / "data"
+    write_records(data / "train", inputs, files=2, per_file=128)
+    work_dir = tmp_path / "work"
+    progress = tmp_path / "progress.txt"
+    config = {
+        "per_replica_batch_size": 16,
+        "train_steps": 400,
+        "steps_per_loop": 5,
+        "checkpoint_every_steps": 10,
+        "precision": "float32",
+        "models": {"tabular": {"hidden_units": [8]}},
+    }
+    ports = free_ports(2)
+    cluster = {"chief": [f"127.0.0.1:{ports[0]}"], "worker": [f"127.0.0.1:{ports[1]}"]}
+    procs = {}
+    for task_type in ("chief", "worker"):
+        spec = {
+            "config": config,
+            "data_dir": str(data),
+            "work_dir": str(work_dir),
+            "result": str(tmp_path / f"{task_type}.json"),
+            # The chief (which runs the hooks) sleeps after each loop: the worker waits for it
+            # in the next loop's collectives, so the run is slow enough to signal mid-way.
+            "loop_sleep": 0.1,
+            "progress": str(progress),
+        }
+        tf_config = {"cluster": cluster, "task": {"type": task_type, "index": 0}}
+        procs[task_type] = spawn(spec, tmp_path / f"{task_type}-spec.json", tf_config=tf_config)
+    deadline = time.monotonic() + 180
+    while not (progress.exists() and progress.read_text().split()):
+        assert time.monotonic() < deadline and procs["chief"].poll() is None, tail(
+            procs["chief"].log_path.read_text()
+        )
+        time.sleep(0.05)
+    os.kill(procs["worker"].pid, signal.SIGTERM)
+    logs = {name: finish(p, timeout=120) for name, p in procs.items()}
+    for name, p in procs.items():
+        assert p.returncode == 0, tail(logs[name])
+    chief = json.loads((tmp_path / "chief.json").read_text())["interrupted"]
+    worker = json.loads((tmp_path / "worker.json").read_text())["interrupted"]
+    assert worker["signum"] == signal.SIGTERM and chief["signum"] is None  # told by the worker
+    assert chief["step"] == worker["step"]
+    assert 10 <= chief["step"] < 400
+    assert chief["checkpoint"] == str(work_dir / "checkpoints" / f"ckpt-{chief['step']}")
+    assert os.path.exists(chief["checkpoint"] + ".index")

@@ -5,7 +5,8 @@
 SPEC: {"config": {...TrainingConfig fields...}, "model": "tabular"|"text", "data_dir": str,
 "work_dir": str, "result": path for the JSON result, "export_dir": str | null,
 "loop_sleep": seconds to sleep after each loop (makes a run slow enough to kill), and
-"progress": path to which each checkpoint step is appended}. Runs in a fresh interpreter: no
+"progress": path to which each checkpoint step is appended}. A run stopped by a signal
+(TrainingInterrupted) writes {"pid", "interrupted": {"step", "checkpoint", "signum"}} instead. Runs in a fresh interpreter: no
 conftest, so TensorFlow sees one CPU device, and TF_CONFIG comes from the environment.
 """
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from tests.training_data import feature_spec, tabular_inputs, text_inputs
 from trainer_module.training import TrainingConfig, TrainingHook, train
+from trainer_module.training.errors import TrainingInterrupted
 
 
 class _Progress(TrainingHook):
@@ -47,15 +49,23 @@ def main(spec_path: str) -> None:
     config = TrainingConfig(**cfg)
     inputs = text_inputs() if spec.get("model") == "text" else tabular_inputs()
     data = spec["data_dir"]
-    result = train(
-        config=config,
-        model_inputs=inputs,
-        feature_spec=feature_spec(inputs),
-        train_files=sorted(glob.glob(os.path.join(data, "train", "*"))),
-        eval_files=sorted(glob.glob(os.path.join(data, "eval", "*"))),
-        work_dir=spec["work_dir"],
-        hooks=[_Progress(spec.get("progress"), float(spec.get("loop_sleep", 0)))],
-    )
+    try:
+        result = train(
+            config=config,
+            model_inputs=inputs,
+            feature_spec=feature_spec(inputs),
+            train_files=sorted(glob.glob(os.path.join(data, "train", "*"))),
+            eval_files=sorted(glob.glob(os.path.join(data, "eval", "*"))),
+            work_dir=spec["work_dir"],
+            hooks=[_Progress(spec.get("progress"), float(spec.get("loop_sleep", 0)))],
+        )
+    except TrainingInterrupted as stopped:
+        interrupted = {"step": stopped.step, "checkpoint": stopped.checkpoint}
+        with open(spec["result"], "w") as f:
+            json.dump(
+                {"pid": os.getpid(), "interrupted": {**interrupted, "signum": stopped.signum}}, f
+            )
+        return
     exported = None
     if result.serving_model is not None and spec.get("export_dir"):
         os.makedirs(spec["export_dir"], exist_ok=True)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
+import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
 
 LAST_RUN = "last_run.json"
 EXIT_NOT_BLESSED = 3
+INTERRUPTED = "interrupted"
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -47,14 +51,38 @@ def _now() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Stages the data, runs the pipeline, and ends once: one read of ML Metadata, one
-    `last_run.json`, tracking finished with the same summary."""
-    from fullthrottle.core.staging import prepare_data
+    """Takes the output folder's lock, stages the data, runs the pipeline, and ends once: one read
+    of ML Metadata, one `last_run.json`, tracking finished with the same summary. SIGINT and
+    SIGTERM end it the same way, with status `interrupted` (exit 130 / 143)."""
+    from fullthrottle.core.run_lock import hold_run_lock
+    from trainer_module.training.interrupt import raising_on_signals
 
     config = config_from_args(args)
+    command = resume_command(args)
+    # At once, before any work: a second run on this folder is refused here.
+    with hold_run_lock(config.output_path, command=command), raising_on_signals():
+        return _run_locked(config, command=command)
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    """The command line that started this run (and resumes it), secrets masked: it is printed,
+    and written to the lock file and `last_run.json`."""
+    from fullthrottle.core.redact import redact_text
+
+    argv = getattr(args, "argv", None)
+    if argv is None:
+        argv = sys.argv[1:]
+    return redact_text(shlex.join(["fullthrottle", *argv]))
+
+
+def _run_locked(config: Config, *, command: str) -> int:
+    from fullthrottle.core.disk import check_free_space, input_bytes
+    from fullthrottle.core.staging import prepare_data
+
     # Bad data stops here, before any component runs, and before TFX, Beam and MLflow are
     # imported (seconds on a loaded machine).
     prepared = prepare_data(config)
+    check_free_space(config.output_path, input_size=input_bytes(prepared.source_files))
 
     from fullthrottle.outcome import read_latest_run
     from fullthrottle.progress import PipelineProgress
@@ -68,12 +96,14 @@ def run(args: argparse.Namespace) -> int:
         + (f" ({prepared.rows} rows)" if prepared.rows is not None else ""),
         file=sys.stderr,
     )
-    # Tracking never stops the pipeline: its failures end up in the summary's `tracking`.
-    tracker = start_tracking(
-        config, source_files=prepared.source_files, code_fingerprint=code_fingerprint()
-    )
+    tracker = None
     error: BaseException | None = None
+    interrupted: KeyboardInterrupt | None = None
     try:
+        # Tracking never stops the pipeline: its failures end up in the summary's `tracking`.
+        tracker = start_tracking(
+            config, source_files=prepared.source_files, code_fingerprint=code_fingerprint()
+        )
         with PipelineProgress(str(config.mlmd_path)):
             run_local(
                 config,
@@ -81,12 +111,23 @@ def run(args: argparse.Namespace) -> int:
                 # The Trainer's link to the run travels in its custom_config.
                 trainer_tracking=tracker.trainer_link().to_config() if tracker else None,
             )
+    except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (errors.Interrupted), anywhere in it
+        interrupted = exc
     except Exception as exc:  # noqa: BLE001 - re-raised below with the failing component named
         error = exc
     outcome = read_latest_run(str(config.mlmd_path))
-    summary = run_summary(config, outcome, started_at=started_at, error=error)
-    summary["tracking"] = finish_tracking(tracker, summary, outcome, error=error)
+    summary = run_summary(
+        config, outcome, started_at=started_at, error=interrupted or error, command=command
+    )
+    summary["tracking"] = finish_tracking(tracker, summary, outcome, error=interrupted or error)
     path = write_last_run(config, summary)
+    if interrupted is not None:
+        print(interrupted_message(summary, path), file=sys.stderr)
+        # Everything is written. The interpreter's last garbage collection over TensorFlow's,
+        # TFX's and Beam's objects took ~10 s here; a stopped run should end now, so that
+        # collection is skipped (atexit handlers still run; the OS frees the memory).
+        gc.freeze()
+        return int(summary[INTERRUPTED]["exit_status"])
     if error is not None:
         failed = summary.get("failed_component") or "a component"
         # Our own errors already say what to do; anything else is shown with its type.
@@ -106,13 +147,64 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["blessed"] else EXIT_NOT_BLESSED
 
 
+def interrupted_record(
+    exc: BaseException, *, component: str | None, command: str
+) -> dict[str, Any]:
+    """`last_run.json`'s `interrupted`: the signal, where it landed, what was saved, how to
+    resume, and the exit status."""
+    from trainer_module.training.interrupt import exit_status, signal_name
+
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return {
+        "signal": signal_name(signum),
+        "exit_status": exit_status(signum),
+        "component": component,
+        "step": getattr(exc, "step", None),
+        "checkpoint": getattr(exc, "checkpoint", None),
+        "resume_command": command,
+    }
+
+
+def interrupted_message(summary: dict[str, Any], path: Path) -> str:
+    """One paragraph: where the run stopped, what was saved, the command that resumes it."""
+    record = summary[INTERRUPTED]
+    where = f"during {record['component']}" if record["component"] else "between components"
+    if record["step"] is not None:
+        total = (summary.get("config") or {}).get("training", {}).get("train_steps")
+        where += f" at step {record['step']}" + (f" of {total}" if total else "")
+    if record["checkpoint"]:
+        saved = (
+            f"The Trainer saved checkpoint {record['checkpoint']}; the rerun resumes training "
+            f"from step {record['step']}."
+        )
+    else:
+        saved = (
+            "Completed components are kept in the cache; the rerun starts from where it stopped."
+        )
+    status = summary.get("tracking") or {}
+    tracked = (
+        f" MLflow run {status['run_id']} is marked KILLED; the rerun continues it."
+        if status.get("run_id")
+        else ""
+    )
+    return (
+        f"fullthrottle run: interrupted by {record['signal']} {where}. {saved} Nothing was "
+        f"pushed by this run.{tracked} Resume with: {record['resume_command']}  (details: {path})"
+    )
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip() or repr(error)
     return text.splitlines()[0][:500]
 
 
 def run_summary(
-    config: Config, outcome: RunOutcome | None, *, started_at: str, error: BaseException | None
+    config: Config,
+    outcome: RunOutcome | None,
+    *,
+    started_at: str,
+    error: BaseException | None,
+    command: str | None = None,
 ) -> dict[str, Any]:
     """What `last_run.json` says about a run, from its outcome in ML Metadata. Secrets (tokens,
     passwords, URL credentials in Beam args...) are masked: they never reach disk."""
@@ -147,7 +239,12 @@ def run_summary(
         "finished_at": _now(),
         "config": redact(config.to_dict()),
     }
-    if error is not None:
+    if isinstance(error, KeyboardInterrupt):
+        summary["status"] = INTERRUPTED
+        summary[INTERRUPTED] = interrupted_record(
+            error, component=failed_component, command=command or ""
+        )
+    elif error is not None:
         summary["error"] = redact_text(f"{type(error).__name__}: {_first_line(error)}")
         summary["failed_component"] = failed_component
     return summary

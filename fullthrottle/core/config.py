@@ -437,6 +437,12 @@ class KubeflowConfig:
     )
     enable_cache: bool | None = None  # KFP step caching; None follows the top-level `enable_cache`
     namespace: Namespace = "kubeflow"  # of KFP runs and of TFJobs
+    # Seconds a Trainer pod (the TFJob replicas) has between SIGTERM (preemption, eviction) and
+    # SIGKILL: enough to finish the current loop and write a checkpoint (docs/kubeflow.md).
+    termination_grace_period_seconds: PositiveInt = 300
+    # Retries of the Trainer step (KFP) and of TFJob replicas killed from outside: each resumes
+    # from the newest checkpoint.
+    trainer_retries: NonNegativeInt = 3
     resources: PipelineResources = field(default_factory=PipelineResources)
     tfjob: TFJobConfig = field(default_factory=TFJobConfig)
 

@@ -31,6 +31,11 @@ Exactly once across a kill and resume:
   process died before they were sent) are sent, and the journaled loops after the last such point
   (up to S) become one point at their last step; everything after S is dropped (it is retrained).
 So each loop is counted in exactly one point, and every loop up to the last checkpoint is there.
+A resume from behind what MLflow already has (the newest checkpoint was unreadable and set aside)
+trains those steps again but sends points only past the newest step MLflow has: no step twice;
+the curve keeps the first training's values there.
+A signal that stops training (`on_interrupt`) sends what its checkpoint covers and marks the
+Trainer run KILLED; the rerun re-attaches it, as after a kill.
 On an object store (gs://, which cannot append) the journal is rewritten at each checkpoint
 instead of appended per loop: a kill between a checkpoint and that rewrite loses the points of
 the loops since the previous checkpoint (a gap in the curve, never a duplicate).
@@ -60,10 +65,12 @@ from fullthrottle.tracking.names import (
     ATTACHED_AT_TAG,
     COMPONENT_TAG,
     CREATED_BY_TAG,
+    INTERRUPTED_AT_TAG,
     PIPELINE_KEY_TAG,
     PIPELINE_TAG,
     TRACKING_GROUP,
     TRAINING_KEY_TAG,
+    UNREADABLE_CHECKPOINTS_TAG,
     metric_name,
 )
 from fullthrottle.tracking.store import TrainerLink, bound_http_requests
@@ -353,6 +360,7 @@ class MlflowTrainingHook(TrainingHook):
         self.run_id: str | None = None
         self.journal: Journal | None = None
         self._pending: list[dict[str, Any]] = []  # points not yet covered by a checkpoint
+        self._sent_through = -1  # on a resume: the newest step MLflow already had
         self._loops: list[dict[str, Any]] = []  # loops since the last point
         self._steps_per_point = 0  # set from the run's train_steps; 0 = a point per loop
         self._next_point_step = 0  # the loop ending at or after this step closes a point
@@ -464,6 +472,43 @@ class MlflowTrainingHook(TrainingHook):
                 self.journal.persist()
             self._release(until_step=step)
 
+    def on_interrupt(self, step: int, checkpoint: str | None) -> None:
+        """A signal stopped training at ``step`` with a checkpoint there: sends what it covers and
+        marks the Trainer run KILLED (the rerun's hook re-attaches it by its training key)."""
+        self._close_point()
+        if self.journal is not None:
+            self.journal.persist()
+        self._release(until_step=step if checkpoint else None)
+        if self._sampler is not None:
+            self._sampler.stop()
+        if self.sender is not None:
+            self.sender.close(self.link.flush_timeout_seconds)
+        client = self.channel.client
+        if self.run_id is not None:
+            self.channel.ok(
+                "tag the Trainer run interrupted",
+                client.set_tag,
+                self.run_id,
+                INTERRUPTED_AT_TAG,
+                str(step),
+            )
+            self.channel.ok(
+                "mark the Trainer run killed", client.set_terminated, self.run_id, "KILLED"
+            )
+        # A pipeline run this hook made (Kubeflow) stays RUNNING: the retried pod's hook finds
+        # its parent among RUNNING runs. `fullthrottle run` ends its own run KILLED itself.
+        if self.owns_parent and self.parent_run_id is not None:
+            self.channel.ok(
+                "tag the pipeline run interrupted",
+                client.set_tag,
+                self.parent_run_id,
+                INTERRUPTED_AT_TAG,
+                str(step),
+            )
+        if self.journal is not None:
+            self.journal.close()
+        self._write_status()
+
     def on_train_end(self, result: Any) -> None:
         self._close_point()
         if self.journal is not None:
@@ -523,7 +568,11 @@ class MlflowTrainingHook(TrainingHook):
 
     # --- internals ------------------------------------------------------------------------
     def _release(self, *, until_step: int | None) -> None:
-        ready = [r for r in self._pending if until_step is None or r["step"] <= until_step]
+        ready = [
+            r
+            for r in self._pending
+            if (until_step is None or r["step"] <= until_step) and r["step"] > self._sent_through
+        ]
         self._pending = [
             r for r in self._pending if until_step is not None and r["step"] > until_step
         ]
@@ -637,7 +686,8 @@ class MlflowTrainingHook(TrainingHook):
     def _resend_missing(self, kept: list[dict[str, Any]]) -> None:
         """Sends journaled points (step <= restored step) that MLflow does not have."""
         assert self.run_id is not None and self.sender is not None
-        keys = sorted({k for r in kept for k in r["values"]})
+        # The loss is always read: it also says how far MLflow's curves already go (below).
+        keys = sorted({metrics.LOSS} | {k for r in kept for k in r["values"]})
         have: dict[str, set[int]] = {}
         for key in keys:
             history = self.channel.call(
@@ -651,6 +701,9 @@ class MlflowTrainingHook(TrainingHook):
                 self.channel.count_dropped(sum(len(r["values"]) for r in kept))
                 return
             have[key] = {m.step for m in history}
+        # Resuming behind what MLflow has (the newest checkpoint was unreadable and set aside):
+        # the steps up to there are trained again but not sent again, so no step appears twice.
+        self._sent_through = max((max(steps) for steps in have.values() if steps), default=-1)
         missing = [
             metric
             for record in kept
@@ -672,6 +725,10 @@ class MlflowTrainingHook(TrainingHook):
             RunTag("fullthrottle.precision_reason", facts.precision_reason[:5000]),
             RunTag("fullthrottle.start_step", str(facts.start_step)),
         ]
+        if facts.unreadable_checkpoints:
+            tags.append(
+                RunTag(UNREADABLE_CHECKPOINTS_TAG, ", ".join(facts.unreadable_checkpoints)[:5000])
+            )
         client = self.channel.client
         assert self.run_id is not None and self.parent_run_id is not None
         self.channel.ok(
@@ -684,7 +741,8 @@ class MlflowTrainingHook(TrainingHook):
             client.log_batch,
             self.parent_run_id,
             params=parent_params,
-            tags=[RunTag("fullthrottle.strategy", facts.strategy_name)],
+            tags=[RunTag("fullthrottle.strategy", facts.strategy_name)]
+            + [t for t in tags if t.key == UNREADABLE_CHECKPOINTS_TAG],
         )
 
     def _say_gpu_metrics(self) -> None:

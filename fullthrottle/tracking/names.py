@@ -25,6 +25,10 @@ ATTACHED_AT_TAG = "fullthrottle.attached_at"
 CREATED_BY_TAG = "fullthrottle.created_by"
 COMPONENT_TAG = "fullthrottle.component"  # on nested runs: Transform, Trainer, Evaluator
 TRAINING_KEY_TAG = "fullthrottle.training_key"  # the Trainer run: its checkpoint folder's key
+INTERRUPTED_AT_TAG = "fullthrottle.interrupted_at_step"  # a signal stopped training there
+INTERRUPTED_BY_TAG = "fullthrottle.interrupted_by"  # SIGINT or SIGTERM, on the pipeline run
+# Checkpoints found unreadable at restore and moved to `checkpoints/unreadable/`.
+UNREADABLE_CHECKPOINTS_TAG = "fullthrottle.unreadable_checkpoints"
 PUSH_VERSION_TAG = "fullthrottle.push_version"  # on a logged model: the version folder pushed
 
 # --- metric groups of the pipeline's runs -------------------------------------------------------

@@ -39,6 +39,7 @@ from fullthrottle.tracking.names import (
     ATTACHED_AT_TAG,
     COMPONENT_TAG,
     EVALUATOR_GROUP,
+    INTERRUPTED_BY_TAG,
     PIPELINE_KEY_TAG,
     PIPELINE_TAG,
     PUSH_VERSION_TAG,
@@ -266,7 +267,7 @@ class PipelineTracker:
         if summary.get("pushed_model_dir") and error is None:
             self._log_and_register_model(summary, components)
         client = self.channel.client
-        if error is not None:
+        if error is not None and not summary.get("interrupted"):
             self.channel.ok(
                 "record the failure",
                 client.set_tag,
@@ -274,12 +275,18 @@ class PipelineTracker:
                 "fullthrottle.failure_reason",
                 redact_text(str(summary.get("error", error)))[:5000],
             )
-        self.channel.ok(
-            "end the run",
-            client.set_terminated,
-            self.run_id,
-            status="FAILED" if error is not None else "FINISHED",
-        )
+        status = "FAILED" if error is not None else "FINISHED"
+        interrupted = summary.get("interrupted")
+        if interrupted:  # a signal: KILLED, which the rerun re-attaches as after a crash
+            status = "KILLED"
+            self.channel.ok(
+                "record the interruption",
+                client.set_tag,
+                self.run_id,
+                INTERRUPTED_BY_TAG,
+                str(interrupted.get("signal")),
+            )
+        self.channel.ok("end the run", client.set_terminated, self.run_id, status=status)
         return self.status()
 
     def status(self) -> dict[str, Any]:
@@ -386,9 +393,13 @@ class PipelineTracker:
         self.channel.ok(
             f"log the {component} summary", client.log_batch, run_id, metrics=metrics, tags=tags
         )
-        self.channel.ok(
-            f"end the {component} run", client.set_terminated, run_id, status="FINISHED"
-        )
+        # A component that did not complete ends as the run did: KILLED when a signal stopped
+        # it (the rerun re-attaches its run), FAILED otherwise.
+        if comp.state in ("complete", "cached"):
+            status = "FINISHED"
+        else:
+            status = "KILLED" if summary.get("interrupted") else "FAILED"
+        self.channel.ok(f"end the {component} run", client.set_terminated, run_id, status=status)
 
     def _log_datasets(self, components: dict[str, Any]) -> None:
         """ExampleGen's train and eval splits as MLflow datasets of the run (`log_inputs`)."""

@@ -18,10 +18,12 @@ from trainer_module.training.config import (
 )
 from trainer_module.training.controller import train
 from trainer_module.training.errors import (
+    CheckpointUnreadableError,
     ConfigError,
     InputDataError,
     TrainingDivergedError,
     TrainingError,
+    TrainingInterrupted,
 )
 from trainer_module.training.hooks import TrainingHook
 from trainer_module.training.inputs import (
@@ -39,6 +41,7 @@ from trainer_module.training.strategy import cluster_info, create_strategy
 __all__ = [
     "BatchSizes",
     "MODELS",
+    "CheckpointUnreadableError",
     "ConfigError",
     "InputDataError",
     "ModelInputs",
@@ -48,6 +51,7 @@ __all__ = [
     "TrainingConfig",
     "TrainingDivergedError",
     "TrainingError",
+    "TrainingInterrupted",
     "TrainingHook",
     "WarmupSchedule",
     "build_model",

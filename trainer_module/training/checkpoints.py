@@ -1,7 +1,8 @@
 """Checkpoints: what a run saves, where each worker saves, restore, and the save cadence.
 
 - :func:`training_checkpoint`: the saved objects (model, optimizer, step, dropout RNG state).
-- :class:`CheckpointStore`: where this worker saves, and restoring the chief's latest checkpoint.
+- :class:`CheckpointStore`: where this worker saves, and restoring the chief's newest readable
+  checkpoint (unreadable ones are moved aside, see :meth:`CheckpointStore.restore_latest`).
 - :class:`CheckpointAction`: the outer loop's save action, on cadence (steps, seconds) and at the
   end, timed.
 - :class:`TracedWriteCheckpoint`: periodic saves without re-walking the object graph.
@@ -34,7 +35,10 @@ checkpoint recipe is only tested eagerly here.
 from __future__ import annotations
 
 import inspect
+import json
+import logging
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -44,7 +48,13 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from trainer_module.training.errors import CheckpointUnreadableError
 from trainer_module.training.strategy import ClusterInfo
+
+_log = logging.getLogger(__name__)
+
+UNREADABLE_DIR = "unreadable"  # where unreadable checkpoints are moved, inside the folder
+_STEP = re.compile(r"-(\d+)$")
 
 
 def _only_callbacks(options: tf.train.CheckpointOptions | None) -> bool:
@@ -155,21 +165,84 @@ class CheckpointStore:
                 prefix=f"fullthrottle-worker{cluster.worker_index}-ckpt-"
             )
             self.directory = self._own_directory
+        self.max_to_keep = max_to_keep
         self.manager = tf.train.CheckpointManager(
             checkpoint, self.directory, max_to_keep=max_to_keep
         )
+        self.set_aside: list[str] = []  # unreadable checkpoints found by restore_latest
+        self.unreadable_reasons: dict[str, str] = {}
 
     @property
     def saves(self) -> str:
         """How periodic saves are written: "traced" or "eager"."""
         return "traced" if isinstance(self.checkpoint, TracedWriteCheckpoint) else "eager"
 
-    def restore_latest(self) -> str | None:
-        """Restore the chief's latest checkpoint, if there is one; returns its prefix."""
-        latest = tf.train.latest_checkpoint(self.chief_directory)
-        if latest:
-            self.checkpoint.restore(latest).assert_existing_objects_matched()
-        return latest
+    def restore_latest(self, *, unreadable: str = "fail") -> str | None:
+        """Restore the chief's newest readable checkpoint, if there is one; returns its prefix.
+
+        Every tensor of a checkpoint is read before it is restored (a data file truncated by a full
+        disk or a crash fails there, not halfway through a restore). An unreadable one is skipped
+        for the next older one; the chief moves its files to ``checkpoints/unreadable/`` and
+        rewrites the state file without it (names in :attr:`set_aside`). When checkpoints exist
+        but none is readable: :class:`CheckpointUnreadableError`, or, with ``unreadable=
+        "start_over"``, all are moved aside and training starts from step 0.
+        """
+        readable = None
+        candidates = checkpoint_candidates(self.chief_directory)
+        for prefix in candidates:
+            reason = unreadable_reason(prefix)
+            if reason is None:
+                readable = prefix
+                break
+            _log.warning(
+                "checkpoint %s is unreadable (%s); trying the one before it", prefix, reason
+            )
+            self.set_aside.append(prefix)
+            self.unreadable_reasons[prefix] = reason
+        if readable is None and self.set_aside and unreadable != "start_over":
+            # Left in place: a plain rerun must not find an empty folder and start over silently.
+            reasons = "; ".join(
+                f"{os.path.basename(p)}: {r}" for p, r in self.unreadable_reasons.items()
+            )
+            raise CheckpointUnreadableError(
+                f"none of the checkpoints in {self.chief_directory} can be read ({reasons}). "
+                "Set `training.unreadable_checkpoints: start_over` to move them to "
+                f"{os.path.join(self.chief_directory, UNREADABLE_DIR)} and train from step 0."
+            )
+        if self.set_aside and self.directory == self.chief_directory:
+            self._move_aside(kept=[p for p in candidates if p not in self.set_aside])
+        if readable:
+            self.checkpoint.restore(readable).assert_existing_objects_matched()
+        return readable
+
+    def _move_aside(self, *, kept: list[str]) -> None:
+        """Moves the unreadable checkpoints' files to ``unreadable/`` and names only ``kept`` in
+        the state file (CheckpointManager would otherwise keep pointing at the moved one)."""
+        target = os.path.join(self.chief_directory, UNREADABLE_DIR)
+        tf.io.gfile.makedirs(target)
+        gfile = tf.io.gfile  # local folders and object stores alike (there a rename is a copy)
+        for prefix in self.set_aside:
+            for path in gfile.glob(prefix + ".*"):
+                dest = os.path.join(target, os.path.basename(path))
+                if gfile.exists(dest):
+                    dest += f".{int(time.time())}"
+                gfile.rename(path, dest)
+        state = os.path.join(self.chief_directory, "checkpoint")
+        if kept:
+            # CheckpointManager's state file (a CheckpointState text proto), oldest first, names
+            # relative to the folder as the manager writes them.
+            names = [os.path.basename(p) for p in reversed(kept)]
+            lines = [f"model_checkpoint_path: {json.dumps(names[-1])}"]
+            lines += [f"all_model_checkpoint_paths: {json.dumps(n)}" for n in names]
+            with gfile.GFile(state + ".tmp", "w") as f:
+                f.write("\n".join(lines) + "\n")
+            gfile.rename(state + ".tmp", state, overwrite=True)
+        elif gfile.exists(state):
+            gfile.remove(state)
+        # The manager read the old state when it was made: make it again.
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint, self.directory, max_to_keep=self.max_to_keep
+        )
 
     def save(self, step: int) -> str:
         """Write checkpoint ``ckpt-<step>`` (keeping the newest ``max_to_keep``); its prefix."""
@@ -179,6 +252,37 @@ class CheckpointStore:
         """Remove a non-chief worker's private checkpoints (the chief's stay)."""
         if self._own_directory:
             shutil.rmtree(self._own_directory, ignore_errors=True)
+
+
+def checkpoint_candidates(directory: str) -> list[str]:
+    """The committed checkpoints the state file of ``directory`` names, newest step first."""
+    state = tf.train.get_checkpoint_state(directory)
+    if state is None:
+        return []
+    paths = list(state.all_model_checkpoint_paths)
+    if state.model_checkpoint_path and state.model_checkpoint_path not in paths:
+        paths.append(state.model_checkpoint_path)
+
+    def step(prefix: str) -> int:
+        match = _STEP.search(prefix)
+        return int(match.group(1)) if match else -1
+
+    return sorted(paths, key=step, reverse=True)
+
+
+def unreadable_reason(prefix: str) -> str | None:
+    """Why checkpoint ``prefix`` cannot be restored (every tensor is read: the data files' checksums
+    are checked as they are read), or None when it can."""
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name in reader.get_variable_to_dtype_map():
+            reader.get_tensor(name)
+    # The reader turns TF's status codes into builtins (OUT_OF_RANGE -> IndexError, DATA_LOSS and
+    # others -> RuntimeError/ValueError, NOT_FOUND -> OSError); graph restores raise OpError.
+    except (tf.errors.OpError, ValueError, IndexError, RuntimeError, OSError) as e:
+        text = (getattr(e, "message", None) or str(e)).strip().splitlines()
+        return f"{type(e).__name__}: {text[0][:300] if text else ''}"
+    return None
 
 
 class CheckpointAction:
@@ -209,6 +313,7 @@ class CheckpointAction:
         self._agree = agree
         self._clock = clock
         self._last_saved = start_step
+        self._last_path: str | None = None
         self._last_save_time = clock()
 
     def steps_to_next(self, step: int) -> int | None:
@@ -226,8 +331,18 @@ class CheckpointAction:
             due = self._agree(late)
         if not due or step == self._last_saved:
             return None, 0.0
+        return self._save_timed(step)
+
+    def save_now(self, step: int) -> tuple[str | None, float]:
+        """Save at ``step`` whatever the cadence (a stop was asked): (prefix, seconds); nothing new
+        when this step is already saved (then the prefix saved at it, if this action saved it)."""
+        if step == self._last_saved:
+            return self._last_path, 0.0
+        return self._save_timed(step)
+
+    def _save_timed(self, step: int) -> tuple[str, float]:
         started = time.perf_counter()
         path = self._save(step)
         seconds = time.perf_counter() - started
-        self._last_saved, self._last_save_time = step, self._clock()
+        self._last_saved, self._last_save_time, self._last_path = step, self._clock(), path
         return path, seconds

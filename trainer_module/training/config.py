@@ -22,6 +22,7 @@ STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker")
 OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 LR_SCALINGS = ("linear", "none")
 RESUME_DATA = ("skip", "reseed")
+UNREADABLE_CHECKPOINTS = ("fail", "start_over")
 
 
 def _require(cond: bool, name: str, message: str, value: object) -> None:
@@ -108,6 +109,9 @@ class TrainingConfig:
     # object graph eagerly at each save (training/checkpoints.py; same files). Single-host only:
     # multi-worker runs always save eagerly. False is TF's plain eager save.
     traced_checkpoint_saves: bool = True
+    # When checkpoints exist but none can be read (all moved to `checkpoints/unreadable/`):
+    # "fail" says so and stops; "start_over" trains from step 0.
+    unreadable_checkpoints: str = "fail"
     # Input pipeline.
     shuffle_files: bool = True
     shuffle_buffer_size: int = 10_000  # 0 = no record shuffle
@@ -150,6 +154,12 @@ class TrainingConfig:
             "resume_data",
             f"must be one of {RESUME_DATA}",
             self.resume_data,
+        )
+        r(
+            self.unreadable_checkpoints in UNREADABLE_CHECKPOINTS,
+            "unreadable_checkpoints",
+            f"must be one of {UNREADABLE_CHECKPOINTS}",
+            self.unreadable_checkpoints,
         )
         r(
             self.cache is True or self.cache is False or self.cache == "auto",

@@ -30,7 +30,11 @@ from trainer_module.training.checkpoints import (
     training_checkpoint,
 )
 from trainer_module.training.config import ModelInputs, TrainingConfig
-from trainer_module.training.errors import InputDataError, TrainingDivergedError
+from trainer_module.training.errors import (
+    InputDataError,
+    TrainingDivergedError,
+    TrainingInterrupted,
+)
 from trainer_module.training.evaluation import evaluate
 from trainer_module.training.hooks import TrainingHook
 from trainer_module.training.inputs import (
@@ -38,6 +42,7 @@ from trainer_module.training.inputs import (
     resolve_cache,
     validate_feature_spec,
 )
+from trainer_module.training.interrupt import StopBetweenLoops
 from trainer_module.training.loop import TrainLoop
 from trainer_module.training.models import build_serving_model
 from trainer_module.training.optimization import current_learning_rate
@@ -91,6 +96,7 @@ def _run_facts(
     input_cache: tuple[bool, str],
     checkpoint_saves: str,
     work_dir: str,
+    unreadable_checkpoints: tuple[str, ...],
 ) -> RunFacts:
     return RunFacts(
         strategy_name=strategy_name(setup.strategy),
@@ -110,6 +116,7 @@ def _run_facts(
         input_cache_reason=input_cache[1],
         checkpoint_saves=checkpoint_saves,
         work_dir=work_dir,
+        unreadable_checkpoints=unreadable_checkpoints,
     )
 
 
@@ -123,9 +130,13 @@ def _train_loops(
     summaries: Summaries,
     profiler: ProfilerWindow,
     hooks: Sequence[TrainingHook],
+    stop: StopBetweenLoops,
+    agree: Any,
 ) -> list[dict[str, Any]]:
     """Loops from ``start_step`` to ``config.train_steps``, each followed by its actions; the
-    loops' history records."""
+    loops' history records. After each loop, a stop asked by a signal on any worker (``agree``:
+    an all-reduce over workers) saves a checkpoint at that step and raises
+    TrainingInterrupted on every worker, at the same step."""
     scale_var = loss_scale_variable(loop.optimizer)
     history: list[dict[str, Any]] = []
     step = start_step
@@ -166,6 +177,14 @@ def _train_loops(
         record[metrics.HOST_TIME] = (
             time.perf_counter() - (t0 + wall) - record[metrics.FINAL_CHECKPOINT_TIME]
         )
+        if stop.requested(agree):
+            saved, _ = checkpoint.save_now(step)
+            if saved is not None and saved != path:
+                for h in hooks:
+                    h.on_checkpoint(step, saved)
+            for h in hooks:
+                h.on_interrupt(step, saved)
+            raise TrainingInterrupted(stop.signum, step=step, checkpoint=saved)
     return history
 
 
@@ -185,8 +204,11 @@ def train(
     other workers use a temporary directory that is removed afterwards), ``work_dir/logs/``
     (TensorBoard, chief) and ``work_dir/profile/`` (profiler, chief, if ``profile_steps``).
 
-    Raises ConfigError / InputDataError before any training on bad config or spec, and
-    TrainingDivergedError (nothing exported, no checkpoint written) on a non-finite loss.
+    Raises ConfigError / InputDataError before any training on bad config or spec,
+    CheckpointUnreadableError when checkpoints exist but none can be read (unless
+    ``config.unreadable_checkpoints == "start_over"``), TrainingDivergedError (nothing exported,
+    no checkpoint written) on a non-finite loss, and TrainingInterrupted after SIGINT/SIGTERM
+    (on any worker): at the end of the loop it came in, with a checkpoint written at that step.
     """
     # Cheap, TF-free refusals first (set_up refuses a model the inputs cannot feed).
     validate_feature_spec(feature_spec, model_inputs)
@@ -206,7 +228,7 @@ def train(
         cluster=cluster,
         max_to_keep=config.checkpoints_to_keep,
     )
-    checkpoints.restore_latest()
+    checkpoints.restore_latest(unreadable=config.unreadable_checkpoints)
     start_step = int(loop.step.numpy())
     train_ds = make_distributed_dataset(
         setup.strategy,
@@ -229,6 +251,7 @@ def train(
         input_cache=resolve_cache(config, train_files),
         checkpoint_saves=checkpoints.saves,
         work_dir=work_dir,
+        unreadable_checkpoints=tuple(checkpoints.set_aside),
     )
     for h in hooks:
         h.on_train_begin(facts)
@@ -236,24 +259,35 @@ def train(
     profiler = ProfilerWindow(
         config.profile_steps, os.path.join(work_dir, "profile"), enabled=chief
     )
+
+    def agree(flag: bool) -> bool:
+        return agree_any(setup.strategy, flag, cluster.num_workers)
+
     try:
-        history = _train_loops(
-            loop,
-            iter(train_ds),
-            config,
-            start_step=start_step,
-            checkpoint=CheckpointAction(
-                checkpoints.save,
-                train_steps=config.train_steps,
-                every_steps=config.checkpoint_every_steps,
-                every_seconds=config.checkpoint_every_seconds,
+        # SIGINT/SIGTERM from here on stop training at the next loop end, with a checkpoint.
+        with StopBetweenLoops() as stop:
+            history = _train_loops(
+                loop,
+                iter(train_ds),
+                config,
                 start_step=start_step,
-                agree=lambda late: agree_any(setup.strategy, late, cluster.num_workers),
-            ),
-            summaries=summaries,
-            profiler=profiler,
-            hooks=hooks,
-        )
+                checkpoint=CheckpointAction(
+                    checkpoints.save,
+                    train_steps=config.train_steps,
+                    every_steps=config.checkpoint_every_steps,
+                    every_seconds=config.checkpoint_every_seconds,
+                    start_step=start_step,
+                    agree=agree,
+                ),
+                summaries=summaries,
+                profiler=profiler,
+                hooks=hooks,
+                stop=stop,
+                agree=agree,
+            )
+    except TrainingInterrupted:
+        checkpoints.close()
+        raise
     finally:
         profiler.close()
         summaries.flush()

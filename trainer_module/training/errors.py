@@ -57,3 +57,30 @@ class TrainingDivergedError(TrainingError, RuntimeError):
             "(or raise `warmup_steps`), check the transformed features for NaN/Inf values, "
             "or train in float32 (`precision='float32'`) to rule out mixed-precision overflow."
         )
+
+
+class CheckpointUnreadableError(TrainingError, RuntimeError):
+    """Checkpoints exist but none of them can be read; training does not start over unless the
+    config says so (``unreadable_checkpoints="start_over"``)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the run. A ``KeyboardInterrupt``, so code that already cleans up
+    after Ctrl-C does so for SIGTERM too, and TFX's launcher (which records ``Exception`` as a
+    failed execution) leaves the execution unfinished, as after a kill: the rerun executes it
+    again. ``signum`` is the signal (None when another worker asked to stop)."""
+
+    def __init__(self, signum: int | None, message: str = "") -> None:
+        self.signum = signum
+        super().__init__(message or f"interrupted by signal {signum}")
+
+
+class TrainingInterrupted(Interrupted):
+    """Training stopped between two loops on a signal, after saving checkpoint ``checkpoint``
+    (a prefix, or None when no worker saved it here) at ``step``."""
+
+    def __init__(self, signum: int | None, *, step: int, checkpoint: str | None) -> None:
+        self.step = step
+        self.checkpoint = checkpoint
+        saved = f"checkpoint {checkpoint}" if checkpoint else "no checkpoint"
+        super().__init__(signum, f"training stopped at step {step} ({saved})")

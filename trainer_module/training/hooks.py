@@ -22,5 +22,9 @@ class TrainingHook:
     def on_checkpoint(self, step: int, path: str) -> None:
         """After a checkpoint was written (``path`` is its prefix)."""
 
+    def on_interrupt(self, step: int, checkpoint: str | None) -> None:
+        """Once, when a signal stopped training after the loop that ended at ``step`` and its
+        checkpoint (``checkpoint``, a prefix) was written; :meth:`on_train_end` is not called."""
+
     def on_train_end(self, result: TrainResult) -> None:
         """Once, after eval and building the serving model (not called on divergence)."""

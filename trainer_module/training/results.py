@@ -41,6 +41,8 @@ class RunFacts:
     input_cache_reason: str
     checkpoint_saves: str  # "traced" (single host, checkpoints.TracedWriteCheckpoint) or "eager"
     work_dir: str
+    # Checkpoints found unreadable at restore and moved to `checkpoints/unreadable/` (prefixes).
+    unreadable_checkpoints: tuple[str, ...] = ()
 
     def derived_params(self) -> dict[str, Any]:
         return derived_params(dataclasses.asdict(self))

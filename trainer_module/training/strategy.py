@@ -164,4 +164,5 @@ def agree_any(strategy: tf.distribute.Strategy, flag: bool, num_workers: int) ->
     if num_workers <= 1:
         return flag
     value = strategy.run(lambda: tf.constant(1.0 if flag else 0.0))
-    return bool(strategy.reduce(tf.distribute.ReduceOp.MAX, value, axis=None).numpy() > 0.5)
+    # A SUM over replicas is > 0 iff any flag is set (tf.distribute.ReduceOp has no MAX).
+    return bool(strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None).numpy() > 0.5)

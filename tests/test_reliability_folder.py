@@ -1,0 +1,115 @@
+"""The output folder's run lock (one holder at a time, released on any exit, stale after a kill)
+and the free-space check before a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fullthrottle.core.disk import (
+    BYTES_PER_INPUT_BYTE,
+    DiskSpaceError,
+    bytes_needed,
+    check_free_space,
+    input_bytes,
+)
+from fullthrottle.core.errors import FullthrottleError
+from fullthrottle.core.run_lock import LOCK_FILE, RunLockedError, hold_run_lock
+from tests.helpers import REPO
+
+HOLDER = textwrap.dedent(
+    """
+    import sys, time
+    from pathlib import Path
+    from fullthrottle.core.run_lock import hold_run_lock
+    with hold_run_lock(Path(sys.argv[1]), command="fullthrottle run --holder"):
+        print("held", flush=True)
+        time.sleep(120)
+    """
+)
+
+
+def _holder(folder):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(folder)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_holder_is_refused_with_the_holders_name_until_it_dies(tmp_path):
+    folder = tmp_path / "out"
+    proc = _holder(folder)
+    try:
+        with pytest.raises(RunLockedError) as refused:
+            with hold_run_lock(folder, command="fullthrottle run"):
+                pass
+        message = str(refused.value)
+        assert f"pid {proc.pid}" in message
+        assert "fullthrottle run --holder" in message
+        assert str(folder.resolve()) in message
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # The kernel dropped the dead holder's lock: the stale file is taken over.
+    assert json.loads((folder / LOCK_FILE).read_text())["pid"] == proc.pid
+    with hold_run_lock(folder, command="fullthrottle run") as path:
+        assert json.loads(path.read_text())["pid"] == os.getpid()
+    assert (folder / LOCK_FILE).read_text() == ""  # released and emptied on the way out
+
+
+def test_the_lock_is_released_when_the_block_raises(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        with hold_run_lock(tmp_path, command="a"):
+            raise KeyboardInterrupt
+    with hold_run_lock(tmp_path, command="b"):
+        pass
+
+
+def test_an_output_folder_that_is_a_file_is_named(tmp_path):
+    folder = tmp_path / "taken"
+    folder.write_text("not a folder")
+    with pytest.raises(FullthrottleError, match="cannot create the output folder") as refused:
+        with hold_run_lock(folder, command="a"):
+            pass
+    assert str(folder) in str(refused.value)
+
+
+def test_too_little_free_space_is_refused_naming_folder_and_bytes(tmp_path):
+    import shutil
+
+    free = shutil.disk_usage(tmp_path).free
+    # An input so large that the estimate exceeds what this disk has free.
+    size = free // BYTES_PER_INPUT_BYTE + 1
+    with pytest.raises(DiskSpaceError) as refused:
+        check_free_space(tmp_path, input_size=size)
+    message = str(refused.value)
+    assert str(tmp_path) in message and f"{bytes_needed(size):,}" in message
+    assert check_free_space(tmp_path, input_size=1000) > bytes_needed(1000)
+    data = tmp_path / "in.csv"
+    data.write_bytes(b"x" * 1234)
+    assert input_bytes([str(data), str(tmp_path / "missing")]) == 1234
+
+
+def test_the_resume_command_repeats_the_run_without_its_secrets():
+    import argparse
+
+    from fullthrottle.commands.run import resume_command
+
+    args = argparse.Namespace(
+        argv=("run", "--output-dir", "my runs", "--set", "tracking.uri=https://me:s3cret@mlflow.x")
+    )
+    command = resume_command(args)
+    assert command.startswith("fullthrottle run --output-dir 'my runs' --set ")
+    assert "s3cret" not in command and "mlflow.x" in command

@@ -1,9 +1,18 @@
 """Input pipeline: gzip TFRecords of transformed tf.Examples -> (features, label) batches.
 
-Order of stages (each placed where it is cheapest):
-  file list (sorted, sharded per input pipeline, seeded shuffle) -> interleave(AUTOTUNE)
-  -> repeat -> record shuffle -> batch -> [skip on resume] -> vectorized
-  parse_example (one op per batch, not per record) -> prefetch(AUTOTUNE) last.
+Streaming (the default for files too big for the cache). No stage after the file reader
+touches single records: each file's reader hands over chunks of ``STREAM_CHUNK_ROWS``
+serialized records, and every later stage works on chunks or batches:
+  file list (sorted, sharded per input pipeline, seeded shuffle) -> repeat
+  -> interleave(AUTOTUNE) of per-file TFRecord readers, each ``.batch(STREAM_CHUNK_ROWS)``
+  -> vectorized parse_example per chunk (parallel) -> seeded chunk shuffle
+  -> ``rebatch`` into windows of ~``shuffle_buffer_size`` rows -> a seeded permutation of
+  each window (one gather per feature) -> ``rebatch(batch_size)`` -> [skip on resume]
+  -> prefetch(AUTOTUNE) last.
+A record crossing a tf.data stage costs ~1-5 us on these CPUs (the parallel interleave's
+thread hand-over most of all); a chunk costs the same, so per record it is ~1000x less.
+Shuffle quality: a row is permuted within its window, whose chunks are drawn from a buffer
+of as many chunks (see docs/performance.md, "The streaming reader").
 
 Cached (``cache`` True, or "auto" and the training files are small, see :func:`resolve_cache`):
   the records are read and parsed ONCE (one ParseExample over all of them) into memory; every
@@ -39,6 +48,9 @@ CACHE_AUTO_RAM_FRACTION = 0.10
 # A constant (not a multiple of the batch size), so 1 replica x 2b and 2 replicas x b still see
 # the same stream.
 CACHE_ROWS_PER_ELEMENT = 16_384
+# Streaming: serialized records per chunk a file reader hands over (per-element tf.data costs
+# are paid per chunk). A constant, so the stream does not depend on the batch size.
+STREAM_CHUNK_ROWS = 1024
 
 
 def resolve_cache(config: TrainingConfig, files: Sequence[str]) -> tuple[bool, str]:
@@ -141,16 +153,23 @@ def make_dataset(
     if training and not cache:
         ds = ds.repeat()  # repeat the file list, so each epoch reshuffles the files
     compression_type = compression or ""
+
+    def records(path):
+        reader = tf.data.TFRecordDataset(path, compression_type=compression_type)
+        if record_shard:
+            # Every pipeline reads every file and keeps its own records of each, in order.
+            reader = reader.shard(n_pipes, pipe_id)
+        # Chunks, not records, cross the interleave (cached: one chunk stage less to pay for).
+        return reader if cache else reader.batch(STREAM_CHUNK_ROWS)
+
     ds = ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type),
+        records,
         # A cached read happens once: a deterministic order makes the epochs' permutations
         # (seeded, over row positions) reproducible whatever the thread timing.
         cycle_length=config.interleave_cycle_length,  # None = AUTOTUNE (CPU count)
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic or cache,
     )
-    if record_shard:
-        ds = ds.shard(n_pipes, pipe_id)
     if cache:
         ds = _cached_epochs(
             ds,
@@ -162,20 +181,22 @@ def make_dataset(
         if skip_batches:
             ds = ds.skip(skip_batches)  # a skipped batch is a slice: nothing is read
     else:
-        if training and config.shuffle_buffer_size > 0:
-            ds = ds.shuffle(
-                config.shuffle_buffer_size,
-                seed=seed + 7919 * pipe_id,
-                reshuffle_each_iteration=True,
-            )
-        ds = ds.batch(batch_size, drop_remainder=training)
-        if skip_batches:
-            ds = ds.skip(skip_batches)
         ds = ds.map(
             parse,
             num_parallel_calls=config.num_parallel_calls or AUTOTUNE,
             deterministic=deterministic,
         )
+        if training and config.shuffle_buffer_size > 0:
+            ds = _shuffled_windows(
+                ds,
+                window_rows=config.shuffle_buffer_size,
+                seed=seed + 7919 * pipe_id,
+                deterministic=deterministic,
+            )
+        ds = ds.rebatch(batch_size, drop_remainder=training)
+        if skip_batches:
+            # Resume: the skipped batches are read and parsed (chunk by chunk), never trained on.
+            ds = ds.skip(skip_batches)
     options = tf.data.Options()
     options.deterministic = deterministic
     # We shard ourselves (by file, above); TF's auto-sharding would shard a second time.
@@ -227,6 +248,30 @@ def _cached_epochs(
     # loop takes batches from the current one (the batches themselves are not prefetched).
     permuted_epochs = table.repeat().enumerate().map(permuted).prefetch(1)
     return permuted_epochs.rebatch(batch_size, drop_remainder=True)
+
+
+def _shuffled_windows(
+    chunks: tf.data.Dataset, *, window_rows: int, seed: int, deterministic: bool
+) -> tf.data.Dataset:
+    """Parsed chunks -> windows of ``window_rows`` rows (a multiple of the chunk size), each
+    drawn from a seeded shuffle buffer of as many chunks and permuted by an order drawn from
+    ``(seed, window index)``: stateless, so a resumed run that replays the stream from its
+    start permutes every window the same way."""
+    window_chunks = max(2, -(-window_rows // STREAM_CHUNK_ROWS))
+    shuffled = chunks.shuffle(window_chunks, seed=seed, reshuffle_each_iteration=True)
+    windows = shuffled.rebatch(window_chunks * STREAM_CHUNK_ROWS, drop_remainder=True)
+
+    def permuted(index, data):
+        rows = tf.shape(data[1])[0]
+        keys = tf.random.stateless_uniform(
+            tf.reshape(rows, [1]), seed=tf.stack([tf.constant(seed, tf.int64), index])
+        )
+        order = tf.argsort(keys, stable=True)
+        return tf.nest.map_structure(lambda t: tf.gather(t, order), data)
+
+    return windows.enumerate().map(
+        permuted, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+    )
 
 
 def make_distributed_dataset(

@@ -5,6 +5,7 @@ parsing, strategy selection and the model builders' contracts."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -367,6 +368,42 @@ def test_streaming_input_shuffles_rows_across_chunks_and_resumes_exactly(tmp_pat
     np.testing.assert_array_equal(stream(60), rows)  # seeded: the same stream again
     np.testing.assert_array_equal(stream(23, skip_batches=37), rows[370:])  # exact resume
     assert not np.array_equal(stream(10, seed_offset=5), rows[:100])  # "reseed" resume
+
+
+def test_a_snapshot_of_parsed_chunks_replays_the_same_stream_in_later_runs(tmp_path, monkeypatch):
+    """``input_snapshot_dir``: the first pass writes the parsed chunks while training; a later
+    run (or epoch) reads them back and sees exactly the stream the first one saw, resume
+    included. New files get a snapshot of their own."""
+    from tests.training_data import write_records
+    from trainer_module.training import inputs as inputs_module
+    from trainer_module.training import make_dataset
+
+    monkeypatch.setattr(inputs_module, "STREAM_CHUNK_ROWS", 16)
+    inputs = tabular_inputs()
+    files = write_records(tmp_path / "d", inputs, files=2, per_file=50)
+    spec = feature_spec(inputs)
+    snapshots = tmp_path / "snapshots"
+    config = TrainingConfig(cache=False, shuffle_buffer_size=64, input_snapshot_dir=str(snapshots))
+
+    def stream(n_batches, **kwargs):
+        ds = make_dataset(files, spec, inputs, config, batch_size=10, training=True, **kwargs)
+        return np.concatenate([f["x0"].numpy() for f, _ in ds.take(n_batches)])
+
+    first = stream(40)  # 4 passes: the first one writes the snapshot
+    (written,) = list(snapshots.iterdir())
+    assert written.name == os.path.basename(
+        inputs_module.snapshot_path(str(snapshots), files, spec, compression="GZIP")
+    )
+    _, counts = np.unique(first, return_counts=True)
+    assert len(counts) == 100 and counts.min() >= 2  # every row, pass after pass
+    np.testing.assert_array_equal(stream(40), first)  # read back: the same stream
+    np.testing.assert_array_equal(stream(13, skip_batches=27), first[270:])  # exact resume
+    other = write_records(tmp_path / "e", inputs, files=2, per_file=50, seed=1)
+    assert inputs_module.snapshot_path(
+        str(snapshots), other, spec, compression="GZIP"
+    ) != inputs_module.snapshot_path(str(snapshots), files, spec, compression="GZIP")
+    with pytest.raises(ConfigError, match="`input_snapshot_dir` must be a folder path or None"):
+        TrainingConfig(input_snapshot_dir="")
 
 
 def test_cached_batches_are_sliced_by_get_next_with_the_next_permutation_prefetched(tmp_path):

@@ -27,6 +27,9 @@ feature the model needs, or declares it with the wrong shape/dtype.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 import tensorflow as tf
@@ -137,6 +140,19 @@ def make_dataset(
     seed = config.seed + seed_offset
 
     cache = training and resolve_cache(config, files)[0]
+    snapshot = None
+    if training and not cache and config.input_snapshot_dir:
+        snapshot = snapshot_path(
+            config.input_snapshot_dir,
+            files,
+            feature_spec,
+            compression=compression,
+            shard=(pipe_id, n_pipes) if record_shard else None,
+        )
+        # The snapshot holds the chunks in one fixed order (files sorted, read deterministically):
+        # every pass, written or read, is the same stream, so the seeded shuffles below and a
+        # resumed run replay it exactly. Across files, mixing is left to the chunk shuffle.
+        deterministic = True
     spec = dict(feature_spec)
     keep = model_inputs.feature_names
     label_key = model_inputs.label
@@ -147,10 +163,10 @@ def make_dataset(
         return {k: parsed[k] for k in keep}, parsed[label_key]
 
     ds = tf.data.Dataset.from_tensor_slices(files)
-    if training and config.shuffle_files and len(files) > 1 and not cache:
+    if training and config.shuffle_files and len(files) > 1 and not cache and not snapshot:
         # Same seed on every worker: file order only matters within a pipeline's own shard.
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if training and not cache:
+    if training and not cache and not snapshot:
         ds = ds.repeat()  # repeat the file list, so each epoch reshuffles the files
     compression_type = compression or ""
 
@@ -186,6 +202,14 @@ def make_dataset(
             num_parallel_calls=config.num_parallel_calls or AUTOTUNE,
             deterministic=deterministic,
         )
+        if snapshot:
+            ds = ds.snapshot(
+                snapshot,
+                compression=None,  # parsed floats and ids: snappy costs more than it saves here
+                # One shard, read back in order: the stream is the one that was written.
+                shard_func=lambda *_: tf.constant(0, tf.int64),
+                reader_func=lambda shards: shards.flat_map(lambda shard: shard),
+            ).repeat()
         if training and config.shuffle_buffer_size > 0:
             ds = _shuffled_windows(
                 ds,
@@ -248,6 +272,39 @@ def _cached_epochs(
     # loop takes batches from the current one (the batches themselves are not prefetched).
     permuted_epochs = table.repeat().enumerate().map(permuted).prefetch(1)
     return permuted_epochs.rebatch(batch_size, drop_remainder=True)
+
+
+def snapshot_path(
+    directory: str,
+    files: Sequence[str],
+    feature_spec: Mapping[str, tf.io.FixedLenFeature],
+    *,
+    compression: str | None,
+    shard: tuple[int, int] | None = None,
+) -> str:
+    """Where the parsed chunks of ``files`` are kept under ``directory``: a folder named by a
+    hash of what decides their content (each file's path, size and modification time, the
+    feature spec, the compression, the chunk size and this pipeline's record shard). New
+    Transform output, a changed file or another spec get a folder of their own."""
+    identity = []
+    for path in sorted(files):
+        stat = tf.io.gfile.stat(path)
+        identity.append([path, stat.length, stat.mtime_nsec])
+    spec = {
+        name: [feature.dtype.name, list(feature.shape)]
+        for name, feature in sorted(feature_spec.items())
+    }
+    key = json.dumps(
+        {
+            "files": identity,
+            "spec": spec,
+            "compression": compression or "",
+            "chunk_rows": STREAM_CHUNK_ROWS,
+            "shard": list(shard) if shard else None,
+        },
+        sort_keys=True,
+    )
+    return os.path.join(directory, "chunks-" + hashlib.sha256(key.encode()).hexdigest()[:16])
 
 
 def _shuffled_windows(

@@ -656,6 +656,8 @@ def test_the_streaming_contender_really_streams_data_past_the_cache_line(tmp_pat
         assert len(entry["paired"]) == TINY.streaming_repeats
         assert entry["numerator"] == "streaming" and entry["denominator"] == "in_memory"
     assert result["reader"]["per_cpu_second"]["median"] > 0
+    assert result["reader_snapshot"]["per_cpu_second"]["median"] > 0
+    assert list((Path(result["examples_uri"]) / "snapshots").iterdir())  # it was read back
     # The full bench's files: past `cache: auto`'s line on the 24 GiB machines this runs on.
     bytes_per_row = result["bytes"] / result["rows"]
     line = CACHE_AUTO_RAM_FRACTION * 24 * 2**30 / CACHE_AUTO_EXPANSION

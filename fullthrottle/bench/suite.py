@@ -255,7 +255,6 @@ def trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) 
     # The same model and compiled loop as ours, fed from memory (no second build or trace).
     memory = OurLoop(data, config, source="memory", same_model_as=ours)
     baseline = KerasFitBaseline(data, config)
-    strong_fit = StrongFit(data, config, ours)
     warm = max(config.steps_per_loop, 2)
     if name == "transformer" and sizes.transformer_warmup_steps:
         warm = max(sizes.transformer_warmup_steps, 2)
@@ -266,7 +265,10 @@ def trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) 
     memory.fill_cache()  # its batches are all in memory before any timed window
     memory.measure(warm)
     baseline.measure(min(window, 20, warm))
-    strong_fit.measure(warm)
+    strong_fit = StrongFit(
+        data, config, ours, steps_per_execution=min(config.steps_per_loop, window)
+    )
+    strong_fit.measure(strong_fit.steps_per_execution)  # tracing
     baseline_window = window
     if name == "tabular":
         baseline_window = sizes.tabular_baseline_window_steps or window
@@ -423,6 +425,36 @@ def _input_pairs(ours: Any, memory: Any, sizes: Sizes) -> dict[str, list[float]]
     )
 
 
+def write_snapshot_pass(data: Any, config: Any) -> None:
+    """Reads ``data`` once through ``make_dataset`` with ``config.input_snapshot_dir`` set, so
+    its snapshot of parsed chunks is complete (a no-op read when it already is)."""
+    from trainer_module.training import make_dataset
+
+    ds = make_dataset(
+        data.train_files,
+        data.feature_spec,
+        data.model_inputs,
+        config,
+        batch_size=config.per_replica_batch_size,
+        training=True,
+        compression=data.compression,
+    )
+    # Past the first pass by more than the shuffle stages hold back: the writer has seen the
+    # end of its input and finished the snapshot.
+    enough = _rows_in(data) + 2 * config.shuffle_buffer_size + 4096
+    rows = 0
+    for features, _ in ds:
+        rows += int(next(iter(features.values())).shape[0])
+        if rows > enough:
+            return
+
+
+def _rows_in(data: Any) -> int:
+    """Records in ``data``'s training files (the generated data's marker file says)."""
+    marker = Path(data.examples_uri) / "complete"
+    return int(marker.read_text(encoding="utf-8").split()[0])
+
+
 def measure_input_pairs(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
     """Input efficiency's pairs alone, on a model and input pipelines of this process's own
     (one of ``Sizes.tabular_input_processes``): the same contenders and warm-up as
@@ -540,6 +572,7 @@ def measure_streaming(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
     )
     out: dict[str, Any] = {
         "rows": sizes.streaming_rows,
+        "examples_uri": big.examples_uri,
         "files": len(big.train_files),
         "bytes": sum(os.path.getsize(f) for f in big.train_files),
         "auto_cache_would_cache": auto_cache,
@@ -559,6 +592,20 @@ def measure_streaming(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
         "batch_size": 256,
         "examples_per_second": describe(samples["ours"]),
         "per_cpu_second": {**describe(per_cpu_second), "interval": median_interval(per_cpu_second)},
+    }
+    # The same reader with `training.input_snapshot_dir`: one full pass writes the parsed
+    # chunks, then its windows read them back (what later epochs and runs get).
+    snapshot_config = dataclasses.replace(
+        reader_config, input_snapshot_dir=str(Path(big.examples_uri) / "snapshots")
+    )
+    write_snapshot_pass(big, snapshot_config)
+    snapshot_samples = reader_rates(
+        big, snapshot_config, batches=sizes.reader_batches, repeats=sizes.streaming_repeats
+    )
+    out["reader_snapshot"] = {
+        "batch_size": 256,
+        "examples_per_second": describe(snapshot_samples["ours"]),
+        "per_cpu_second": describe(snapshot_samples["ours_per_cpu_second"]),
     }
     out["phase_seconds"] = {
         "generate_data": generated - started,
@@ -1004,11 +1051,15 @@ def verdict_text(t: dict[str, Any] | None) -> str:
         # The interval is on the verdict's side of the line: only the processes disagree.
         return f"{text} (undecided: {runs}: the runs differ by more than one run's noise)"
     else:
-        what = "the paired median's" if t["target"] < 100 else "the median's"
-        why = (
-            f"{what} {interval['coverage']:.0%} interval "
-            f"{interval['low']:.3g}-{interval['high']:.3g} contains the line"
-        )
+        if t["target"] < 100:
+            what, low, high = (
+                "the paired median's",
+                f"{interval['low']:.3f}",
+                f"{interval['high']:.3f}",
+            )
+        else:
+            what, low, high = "the median's", f"{interval['low']:,.0f}", f"{interval['high']:,.0f}"
+        why = f"{what} {interval['coverage']:.0%} interval {low}-{high} contains the line"
         why += f"; {runs}" if runs else ""
     return f"{text} (undecided: {why}; more repetitions would decide)"
 
@@ -1130,6 +1181,15 @@ def results_table(results: dict[str, Any], verdicts: list[dict[str, Any]]) -> st
                     f"{_fmt_rate(sr['examples_per_second'])}; per core {_fmt_rate(pc)} | "
                     f"cores used {sr['examples_per_second']['median'] / pc['median']:.2f} | "
                     f"{verdict(f'{model}_reader_per_core')} |"
+                )
+            ss = st.get("reader_snapshot")
+            if ss:
+                pc = ss["per_cpu_second"]
+                rows.append(
+                    f"| {model}: the same reader reading a snapshot of parsed chunks "
+                    f"(`training.input_snapshot_dir`, written by a first pass) | "
+                    f"{_fmt_rate(ss['examples_per_second'])}; per core {_fmt_rate(pc)} | "
+                    f"cores used {ss['examples_per_second']['median'] / pc['median']:.2f} | |"
                 )
         adv = m.get("advisor")
         if adv:

@@ -224,7 +224,14 @@ class StrongFit:
     loop itself. ``measure(steps)`` -> examples/s between the end of its first execution and
     the end of its last, so each ``fit`` call's iterator start-up is not charged to it."""
 
-    def __init__(self, data: TrainingData, config: TrainingConfig, ours: OurLoop):
+    def __init__(
+        self,
+        data: TrainingData,
+        config: TrainingConfig,
+        ours: OurLoop,
+        *,
+        steps_per_execution: int | None = None,
+    ):
         import keras
 
         from trainer_module.training.setup import set_up
@@ -232,7 +239,9 @@ class StrongFit:
         setup = set_up(config, data.model_inputs)
         self.policy = setup.policy_name
         self.global_batch = setup.batch.global_batch
-        self.steps_per_execution = config.steps_per_loop
+        # Ours runs loops of min(steps_per_loop, window) steps; `fit` gets the same (None =
+        # steps_per_loop): a longer execution than the window would time steps ours never runs.
+        self.steps_per_execution = steps_per_execution or config.steps_per_loop
         self.model = setup.model
         self.model.compile(
             optimizer=setup.optimizer,

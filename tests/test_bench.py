@@ -655,6 +655,7 @@ def test_the_streaming_contender_really_streams_data_past_the_cache_line(tmp_pat
         entry = result[f"b{size}"]
         assert len(entry["paired"]) == TINY.streaming_repeats
         assert entry["numerator"] == "streaming" and entry["denominator"] == "in_memory"
+        assert len(result[f"b{size}_snapshot"]["paired"]) == TINY.streaming_repeats
     assert result["reader"]["per_cpu_second"]["median"] > 0
     assert result["reader_snapshot"]["per_cpu_second"]["median"] > 0
     assert list((Path(result["examples_uri"]) / "snapshots").iterdir())  # it was read back

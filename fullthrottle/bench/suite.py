@@ -171,7 +171,7 @@ QUICK = Sizes(
     streaming_rows=300_000,
     streaming_files=4,
     streaming_repeats=3,
-    streaming_window_examples=150_000,
+    streaming_window_examples=100_000,
 )
 
 
@@ -425,36 +425,6 @@ def _input_pairs(ours: Any, memory: Any, sizes: Sizes) -> dict[str, list[float]]
     )
 
 
-def write_snapshot_pass(data: Any, config: Any) -> None:
-    """Reads ``data`` once through ``make_dataset`` with ``config.input_snapshot_dir`` set, so
-    its snapshot of parsed chunks is complete (a no-op read when it already is)."""
-    from trainer_module.training import make_dataset
-
-    ds = make_dataset(
-        data.train_files,
-        data.feature_spec,
-        data.model_inputs,
-        config,
-        batch_size=config.per_replica_batch_size,
-        training=True,
-        compression=data.compression,
-    )
-    # Past the first pass by more than the shuffle stages hold back: the writer has seen the
-    # end of its input and finished the snapshot.
-    enough = _rows_in(data) + 2 * config.shuffle_buffer_size + 4096
-    rows = 0
-    for features, _ in ds:
-        rows += int(next(iter(features.values())).shape[0])
-        if rows > enough:
-            return
-
-
-def _rows_in(data: Any) -> int:
-    """Records in ``data``'s training files (the generated data's marker file says)."""
-    marker = Path(data.examples_uri) / "complete"
-    return int(marker.read_text(encoding="utf-8").split()[0])
-
-
 def measure_input_pairs(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
     """Input efficiency's pairs alone, on a model and input pipelines of this process's own
     (one of ``Sizes.tabular_input_processes``): the same contenders and warm-up as
@@ -555,7 +525,7 @@ def measure_streaming(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
     """Streaming input efficiency and the streaming reader alone, on generated tabular data
     (``Sizes.streaming_rows``) with the model's features: ``cache: false``, files as large as
     a user's big data."""
-    from fullthrottle.bench.trainer import reader_rates, streaming_rates
+    from fullthrottle.bench.trainer import reader_rates, streaming_rates, write_snapshot
     from fullthrottle.bench.workloads import streaming_tabular_data
     from trainer_module.training.inputs import resolve_cache
 
@@ -563,12 +533,14 @@ def measure_streaming(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
     big = streaming_tabular_data(data, rows=sizes.streaming_rows, files=sizes.streaming_files)
     generated = time.perf_counter()
     auto_cache, why = resolve_cache(dataclasses.replace(config, cache="auto"), big.train_files)
+    snapshots = str(Path(big.examples_uri) / "snapshots")
     rates = streaming_rates(
         big,
         config,
         batch_sizes=STREAMING_BATCH_SIZES,
         window_examples=sizes.streaming_window_examples,
         repeats=sizes.streaming_repeats,
+        snapshot=(snapshots, sizes.streaming_rows),
     )
     out: dict[str, Any] = {
         "rows": sizes.streaming_rows,
@@ -583,9 +555,15 @@ def measure_streaming(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
             **ratio_entry(measured["samples"], "streaming", "in_memory"),
             "window_steps": measured["window_steps"],
         }
+        out[f"b{batch_size}_snapshot"] = ratio_entry(measured["samples"], "snapshot", "in_memory")
     reader_config = dataclasses.replace(config, cache=False, per_replica_batch_size=256)
+    # Ours alone: `tf_dataset_factory` is compared on the model's own data above.
     samples = reader_rates(
-        big, reader_config, batches=sizes.reader_batches, repeats=sizes.streaming_repeats
+        big,
+        reader_config,
+        batches=sizes.reader_batches,
+        repeats=sizes.streaming_repeats,
+        with_tfx_bsl=False,
     )
     per_cpu_second = samples["ours_per_cpu_second"]
     out["reader"] = {
@@ -595,12 +573,14 @@ def measure_streaming(data: Any, config: Any, sizes: Sizes) -> dict[str, Any]:
     }
     # The same reader with `training.input_snapshot_dir`: one full pass writes the parsed
     # chunks, then its windows read them back (what later epochs and runs get).
-    snapshot_config = dataclasses.replace(
-        reader_config, input_snapshot_dir=str(Path(big.examples_uri) / "snapshots")
-    )
-    write_snapshot_pass(big, snapshot_config)
+    snapshot_config = dataclasses.replace(reader_config, input_snapshot_dir=snapshots)
+    write_snapshot(big, snapshot_config, rows=sizes.streaming_rows)
     snapshot_samples = reader_rates(
-        big, snapshot_config, batches=sizes.reader_batches, repeats=sizes.streaming_repeats
+        big,
+        snapshot_config,
+        batches=sizes.reader_batches,
+        repeats=sizes.streaming_repeats,
+        with_tfx_bsl=False,
     )
     out["reader_snapshot"] = {
         "batch_size": 256,
@@ -1171,6 +1151,14 @@ def results_table(results: dict[str, Any], verdicts: list[dict[str, Any]]) -> st
                         f"pipeline per window / in-memory batches) | {_fmt_rate(e['streaming'])} vs "
                         f"{_fmt_rate(e['in_memory'])} | {_fmt_ratio(e)} | "
                         f"{verdict(f'{model}_streaming_b{size}')} |"
+                    )
+                es = st.get(f"b{size}_snapshot")
+                if es:
+                    rows.append(
+                        f"| {model}: the same, streaming from a snapshot of parsed chunks "
+                        f"(`training.input_snapshot_dir`) / in-memory batches, batch {size} | "
+                        f"{_fmt_rate(es['snapshot'])} vs {_fmt_rate(es['in_memory'])} | "
+                        f"{_fmt_ratio(es)} | |"
                     )
             sr = st.get("reader")
             if sr:

@@ -55,6 +55,11 @@ def tfx_example_dataset(data: TrainingData, batch_size: int) -> tf.data.Dataset:
     return factory(list(data.train_files), options, data.schema).repeat()
 
 
+# Config fields that only say where the training batches come from: contenders that differ in
+# these alone can share one model and compiled loop (``OurLoop(same_model_as=...)``).
+INPUT_SOURCE_FIELDS = ("cache", "input_snapshot_dir")
+
+
 class OurLoop:
     """The training library's loop on ``data``; ``measure(steps)`` -> examples/s.
 
@@ -84,7 +89,9 @@ class OurLoop:
         self.config = config
         self.memory_batches = memory_batches if source == "memory" else 0
         if same_model_as is not None:
-            if same_model_as.config != config:
+            # The same model and loop: only where the batches come from may differ.
+            reading = {name: getattr(config, name) for name in INPUT_SOURCE_FIELDS}
+            if dataclasses.replace(same_model_as.config, **reading) != config:
                 raise ValueError("same_model_as must be a loop with the same config")
             self.strategy, self.policy = same_model_as.strategy, same_model_as.policy
             self.batch, self.model = same_model_as.batch, same_model_as.model
@@ -277,14 +284,20 @@ class StrongFit:
 
 
 def reader_rates(
-    data: TrainingData, config: TrainingConfig, *, batches: int, repeats: int
+    data: TrainingData,
+    config: TrainingConfig,
+    *,
+    batches: int,
+    repeats: int,
+    with_tfx_bsl: bool = True,
 ) -> dict[str, list[float]]:
     """Examples/s of the input pipelines alone (no model): our ``make_dataset`` vs TFX's
     ``tf_dataset_factory``, same files and batch size, alternated. Each window takes a FRESH
     iterator (see ``OurLoop.fresh_iterator``), its first batch untimed (files opened, buffers
     filling): the rate a pipeline sustains, not one inflated by buffers filled while idle.
     ``ours_per_cpu_second`` is ours' examples per second of this process's CPU time over the
-    window (all threads): the reader's cost per core, whatever the machine's core count."""
+    window (all threads): the reader's cost per core, whatever the machine's core count.
+    ``with_tfx_bsl=False`` times ours alone."""
     from fullthrottle.bench.measure import alternate
     from trainer_module.training import make_dataset
 
@@ -301,7 +314,9 @@ def reader_rates(
             compression=data.compression,
         )
 
-    builders = {"ours": ours, "tfx_bsl": lambda: tfx_example_dataset(data, batch_size)}
+    builders: dict[str, Callable[[], tf.data.Dataset]] = {"ours": ours}
+    if with_tfx_bsl:
+        builders["tfx_bsl"] = lambda: tfx_example_dataset(data, batch_size)
     per_cpu_second: list[float] = []
 
     def rate(name: str) -> Callable[[], float]:
@@ -327,6 +342,31 @@ def reader_rates(
     return {**samples, "ours_per_cpu_second": per_cpu_second}
 
 
+def write_snapshot(data: TrainingData, config: TrainingConfig, *, rows: int) -> None:
+    """Reads ``data`` (``rows`` records) once through ``make_dataset`` with
+    ``config.input_snapshot_dir`` set, so its snapshot of parsed chunks is complete (when it
+    already is, this reads it back)."""
+    from trainer_module.training import make_dataset
+
+    ds = make_dataset(
+        data.train_files,
+        data.feature_spec,
+        data.model_inputs,
+        config,
+        batch_size=config.per_replica_batch_size,
+        training=True,
+        compression=data.compression,
+    )
+    # Past the first pass by more than the shuffle stages hold back: the writer has seen the
+    # end of its input and finished the snapshot.
+    enough = rows + 2 * config.shuffle_buffer_size + 4096
+    seen = 0
+    for features, _ in ds:
+        seen += int(next(iter(features.values())).shape[0])
+        if seen > enough:
+            return
+
+
 def streaming_rates(
     data: TrainingData,
     config: TrainingConfig,
@@ -334,12 +374,16 @@ def streaming_rates(
     batch_sizes: tuple[int, ...],
     window_examples: int,
     repeats: int,
+    snapshot: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """Streaming input efficiency: our loop reading ``data`` with ``cache: false`` (the files
     are bigger than ``cache: auto``'s line, as a user's large data is) vs the same model and
     compiled loop fed from memory, side by side, at each batch size. Every streaming window
     takes a fresh input pipeline and one untimed loop to start it (see
-    ``OurLoop.fresh_iterator``), so it is charged for reading all it trains on."""
+    ``OurLoop.fresh_iterator``), so it is charged for reading all it trains on.
+
+    ``snapshot`` (a folder, the files' row count): a third contender, the same loop streaming
+    with ``training.input_snapshot_dir`` there, its snapshot written before the windows."""
     from fullthrottle.bench.measure import alternate
 
     out: dict[str, Any] = {}
@@ -360,11 +404,18 @@ def streaming_rates(
             loop.measure(warm)
             return loop.measure(steps)
 
-        samples = alternate(
-            {"streaming": streamed, "in_memory": lambda m=memory, n=steps: m.measure(n)},
-            repeats=repeats,
-            side_by_side=("streaming", "in_memory"),
-        )
+        contenders = {
+            "streaming": streamed,
+            "in_memory": lambda m=memory, n=steps: m.measure(n),
+        }
+        if snapshot is not None:
+            folder, rows = snapshot
+            snapshot_config = dataclasses.replace(streaming_config, input_snapshot_dir=folder)
+            write_snapshot(data, snapshot_config, rows=rows)
+            from_snapshot = OurLoop(data, snapshot_config, same_model_as=streaming)
+            from_snapshot.measure(warm)
+            contenders["snapshot"] = lambda loop=from_snapshot: streamed(loop)
+        samples = alternate(contenders, repeats=repeats, side_by_side=("streaming", "in_memory"))
         out[str(batch_size)] = {"samples": samples, "window_steps": steps}
     return out
 

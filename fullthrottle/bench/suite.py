@@ -129,7 +129,10 @@ class Sizes:
     # Streaming input efficiency (tabular): generated rows, once, kept in a cache folder
     # (`workloads.streaming_tabular_data`). 6.4M rows are ~180 MB of gzip files, past
     # `cache: auto`'s line on a 24 GiB machine (10% of RAM / 20); quick mode's 300k are not,
-    # and its streaming contender still reads with `cache: false`.
+    # and its streaming contender still reads with `cache: false`. In quick mode, 3 pairs of
+    # 100k-example windows per batch size, with the snapshot contender and both reader rows,
+    # took 32 s of a 422 s quick suite on a shared 2-core machine at load average ~4.8; 2
+    # pairs of 60k take about half.
     streaming_rows: int = 6_400_000
     streaming_files: int = 8
     streaming_repeats: int = 7
@@ -170,8 +173,8 @@ QUICK = Sizes(
     pipeline_train_steps=100,
     streaming_rows=300_000,
     streaming_files=4,
-    streaming_repeats=3,
-    streaming_window_examples=100_000,
+    streaming_repeats=2,
+    streaming_window_examples=60_000,
 )
 
 

@@ -368,6 +368,11 @@ def test_streaming_input_shuffles_rows_across_chunks_and_resumes_exactly(tmp_pat
     np.testing.assert_array_equal(stream(60), rows)  # seeded: the same stream again
     np.testing.assert_array_equal(stream(23, skip_batches=37), rows[370:])  # exact resume
     assert not np.array_equal(stream(10, seed_offset=5), rows[:100])  # "reseed" resume
+    # A Transform output the model does not read is never parsed (here it is not even in the
+    # records: parsing it would fail).
+    extra = {**spec, "unused_xf": tf.io.FixedLenFeature([], tf.float32)}
+    ds = make_dataset(files, extra, inputs, config, batch_size=10, training=True)
+    np.testing.assert_array_equal(next(iter(ds))[0]["x0"].numpy(), rows[:10])
 
 
 def test_a_snapshot_of_parsed_chunks_replays_the_same_stream_in_later_runs(tmp_path, monkeypatch):

@@ -153,9 +153,10 @@ def make_dataset(
         # every pass, written or read, is the same stream, so the seeded shuffles below and a
         # resumed run replay it exactly. Across files, mixing is left to the chunk shuffle.
         deterministic = True
-    spec = dict(feature_spec)
     keep = model_inputs.feature_names
     label_key = model_inputs.label
+    # Only what the model reads: Transform outputs it does not use are never parsed.
+    spec = {name: feature_spec[name] for name in (*keep, label_key)}
 
     def parse(serialized):
         # Vectorized: one ParseExample over the whole batch.

@@ -231,6 +231,11 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
         "moderately input-bound",
         "highly input-bound",
     )
+    # The advisor row reports the reader's ceiling as measured on these files.
+    assert result["advisor"]["reader_ceiling_measured"] is True
+    assert result["advisor"]["reader_ceiling_examples_per_second"] == round(
+        result["reader_vs_tfx_bsl"]["ours"]["median"]
+    )
     reader = result["reader_vs_tfx_bsl"]
     assert reader["headroom_vs_training"] == pytest.approx(
         reader["ours"]["median"] / result["vs_tfx_example"]["ours"]["median"]

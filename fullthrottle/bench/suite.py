@@ -240,7 +240,17 @@ def window_steps(step_seconds: float, window_seconds: float, minimum: int = 2) -
     return max(minimum, round(window_seconds / step_seconds))
 
 
-def trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) -> dict[str, Any]:
+def trainer_model(
+    data: Any,
+    config: Any,
+    sizes: Sizes,
+    window: int,
+    name: str,
+    *,
+    reader_examples_per_second: float | None = None,
+) -> dict[str, Any]:
+    """One model's contenders side by side; ``reader_examples_per_second`` (the reader alone,
+    measured on the same files and config) is the reader's ceiling the advisor row reports."""
     from fullthrottle.bench.trainer import (
         KerasFitBaseline,
         MatmulCeiling,
@@ -355,6 +365,7 @@ def trainer_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) 
             precision_policy=ours.policy,
             input_cached=resolve_cache(config, data.train_files)[0],
             model_kind=kind,
+            reader_examples_per_second=reader_examples_per_second,
         ),
         config,
         device_facts(),
@@ -505,10 +516,19 @@ def measure_model(data: Any, config: Any, sizes: Sizes, window: int, name: str) 
     """One model's trainer benchmarks (``trainer_model``) and its reader vs tfx_bsl."""
     from fullthrottle.bench.trainer import reader_rates
 
-    entry = trainer_model(data, config, sizes, window, name)
+    # The reader first: its rate is the ceiling the model's advisor row reports.
     started = time.perf_counter()
     samples = reader_rates(data, config, batches=sizes.reader_batches, repeats=sizes.repeats)
-    entry["phase_seconds"]["reader"] = time.perf_counter() - started
+    reader_seconds = time.perf_counter() - started
+    entry = trainer_model(
+        data,
+        config,
+        sizes,
+        window,
+        name,
+        reader_examples_per_second=statistics.median(samples["ours"]),
+    )
+    entry["phase_seconds"]["reader"] = reader_seconds
     per_cpu_second = samples.pop("ours_per_cpu_second")
     reader = ratio_entry(samples, "ours", "tfx_bsl")
     reader["headroom_vs_training"] = (
@@ -1185,9 +1205,17 @@ def results_table(results: dict[str, Any], verdicts: list[dict[str, Any]]) -> st
         adv = m.get("advisor")
         if adv:
             knobs = ", ".join(a["field"].split(".", 1)[1] for a in adv["advice"]) or "none"
+            limit = ""
+            if adv.get("limit"):
+                how = "measured" if adv["reader_ceiling_measured"] else "estimated"
+                limit = (
+                    f"; limit: {adv['limit']} (reader ceiling "
+                    f"{adv['reader_ceiling_examples_per_second']:,} examples/s, {how})"
+                )
             rows.append(
                 f"| {model}: advisor | input wait {adv['input_wait_fraction']:.1%} of "
-                f"{adv['step_time_ms']:.2f} ms/step | {adv['classification']} | knobs: {knobs} |"
+                f"{adv['step_time_ms']:.2f} ms/step | {adv['classification']}{limit} | "
+                f"knobs: {knobs} |"
             )
     t = r.get("tracking")
     if t and "ratio" in t:

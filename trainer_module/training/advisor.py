@@ -123,6 +123,7 @@ def measurements_from_history(
     precision_policy: str,
     input_cached: bool | None = None,
     model_kind: str | None = None,
+    reader_examples_per_second: float | None = None,
 ) -> StepTimeMeasurements:
     """From the controller's loop records (``wall_time``, ``steps``, ``input_wait_time``).
 
@@ -148,6 +149,7 @@ def measurements_from_history(
         host_seconds=max(host, 0.0) / per,
         checkpoint_seconds=sum(saving) / per,
         checkpoints=sum(1 for t in saving if t > 0),
+        reader_examples_per_second=reader_examples_per_second,
     )
 
 

@@ -19,6 +19,7 @@ from fullthrottle.bench import suite
 from fullthrottle.bench.measure import alternate, describe, median_interval, ratio
 from fullthrottle.bench.trainer import (
     OurLoop,
+    StrongFit,
     reader_rates,
     tracking_rates,
     training_flops_per_example,
@@ -40,6 +41,10 @@ TINY = dataclasses.replace(
     tracking_repeats=1,
     beam_rows=(120,),
     beam_workers=(1,),
+    streaming_rows=3000,
+    streaming_files=2,
+    streaming_repeats=2,
+    streaming_window_examples=640,
 )
 TINY_TRANSFORMER = TrainingConfig(
     model="transformer",
@@ -199,6 +204,7 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
         "fused_vs_unfused",
         "trimmed_vs_untrimmed",
         "reader_vs_tfx_bsl",
+        "vs_strong_fit",
     ):
         entry = result[key]
         assert len(entry["paired"]) == TINY.repeats
@@ -225,6 +231,11 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
         "moderately input-bound",
         "highly input-bound",
     )
+    # The advisor row reports the reader's ceiling as measured on these files.
+    assert result["advisor"]["reader_ceiling_measured"] is True
+    assert result["advisor"]["reader_ceiling_examples_per_second"] == round(
+        result["reader_vs_tfx_bsl"]["ours"]["median"]
+    )
     reader = result["reader_vs_tfx_bsl"]
     assert reader["headroom_vs_training"] == pytest.approx(
         reader["ours"]["median"] / result["vs_tfx_example"]["ours"]["median"]
@@ -242,7 +253,7 @@ def test_reader_rates_alternate_both_readers(text_data):
     readers = reader_rates(
         text_data, TINY_TRANSFORMER, batches=TINY.reader_batches, repeats=TINY.repeats
     )
-    assert set(readers) == {"ours", "tfx_bsl"} and all(
+    assert set(readers) == {"ours", "tfx_bsl", "ours_per_cpu_second"} and all(
         len(v) == TINY.repeats for v in readers.values()
     )
 
@@ -614,3 +625,98 @@ def test_tracking_and_checkpoint_benchmarks_alone_make_their_own_data(tmp_path):
     assert checkpoints["checkpoint_every_steps"] < loops
     assert all(0 < share < 1 for share in checkpoints["checkpoint_share"].values())
     assert "checkpoints: periodic saves traced vs eager" in suite.markdown_table(document)
+
+
+def test_the_strong_fit_gets_ours_model_options_precision_and_dataset(tmp_path):
+    """The `fit` contender is ours minus our loop: the model train() builds from the same config
+    (options, precision policy), steps_per_execution = steps_per_loop, our jit_compile, and the
+    very dataset object ours trains on."""
+    data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
+    config = dataclasses.replace(TINY_TRANSFORMER, model="tabular", precision="auto")
+    ours = OurLoop(data, config)
+    fit = StrongFit(data, config, ours)
+    assert fit.dataset is ours.dataset
+    assert fit.policy == ours.policy
+    policies = [layer.dtype_policy.name for layer in fit.model.layers]
+    assert policies == [layer.dtype_policy.name for layer in ours.model.layers]
+    assert ours.policy in policies
+    assert fit.model_options == config.model_options("tabular")
+    assert fit.model.count_params() == ours.model.count_params()
+    assert [w.shape for w in fit.model.weights] == [w.shape for w in ours.model.weights]
+    assert fit.model.steps_per_execution == config.steps_per_loop
+    assert fit.model.jit_compile is False  # ours does not XLA-compile unless asked
+    assert fit.measure(6) > 0
+
+
+def test_the_streaming_contender_really_streams_data_past_the_cache_line(tmp_path, monkeypatch):
+    from trainer_module.training.inputs import CACHE_AUTO_EXPANSION, CACHE_AUTO_RAM_FRACTION
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
+    config = dataclasses.replace(TINY_TRANSFORMER, model="tabular")
+    result = suite.measure_streaming(data, config, TINY)
+    assert result["rows"] == TINY.streaming_rows and result["files"] == 2
+    for size in suite.STREAMING_BATCH_SIZES:
+        entry = result[f"b{size}"]
+        assert len(entry["paired"]) == TINY.streaming_repeats
+        assert entry["numerator"] == "streaming" and entry["denominator"] == "in_memory"
+        assert len(result[f"b{size}_snapshot"]["paired"]) == TINY.streaming_repeats
+    assert result["reader"]["per_cpu_second"]["median"] > 0
+    assert result["reader_snapshot"]["per_cpu_second"]["median"] > 0
+    assert list((Path(result["examples_uri"]) / "snapshots").iterdir())  # it was read back
+    # The full bench's files: past `cache: auto`'s line on the 24 GiB machines this runs on.
+    bytes_per_row = result["bytes"] / result["rows"]
+    line = CACHE_AUTO_RAM_FRACTION * 24 * 2**30 / CACHE_AUTO_EXPANSION
+    assert bytes_per_row * suite.FULL.streaming_rows > line
+    # The generated files are reused, not written again.
+    from fullthrottle.bench.workloads import streaming_tabular_data
+
+    stamps = [Path(f).stat().st_mtime_ns for f in result_files(result)]
+    streaming_tabular_data(data, rows=TINY.streaming_rows, files=TINY.streaming_files)
+    assert [Path(f).stat().st_mtime_ns for f in result_files(result)] == stamps
+
+
+def result_files(result):
+    return sorted(str(p) for p in (Path(result["examples_uri"]) / "Split-train").iterdir())
+
+
+def test_the_streaming_contenders_read_with_the_cache_off(tmp_path, monkeypatch):
+    from fullthrottle.bench import trainer
+
+    configs = []
+    real = trainer.OurLoop.__init__
+
+    def spy(self, data, config, **kwargs):
+        configs.append(config)
+        real(self, data, config, **kwargs)
+
+    monkeypatch.setattr(trainer.OurLoop, "__init__", spy)
+    data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
+    config = dataclasses.replace(TINY_TRANSFORMER, model="tabular", cache="auto")
+    trainer.streaming_rates(data, config, batch_sizes=(8,), window_examples=16, repeats=1)
+    assert configs and all(c.cache is False for c in configs)
+
+
+def test_a_failing_target_prints_not_met():
+    results = {
+        "trainer": {
+            "tabular": {
+                "streaming": {
+                    "b64": suite.ratio_entry(
+                        {"streaming": [0.5] * 7, "in_memory": [1.0] * 7}, "streaming", "in_memory"
+                    ),
+                    "reader": {
+                        "per_cpu_second": {
+                            "median": 200_000.0,
+                            "interval": median_interval([190_000.0 + i for i in range(7)]),
+                        }
+                    },
+                }
+            }
+        }
+    }
+    verdicts = {t["name"]: t for t in suite.targets(results)}
+    for name in ("tabular_streaming_b64", "tabular_reader_per_core"):
+        assert verdicts[name]["met"] is False and verdicts[name]["decided"], verdicts[name]
+        assert suite.verdict_text(verdicts[name]).endswith("NOT met")
+    assert verdicts["tabular_streaming_b256"]["met"] is None  # not measured: no verdict

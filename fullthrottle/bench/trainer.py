@@ -55,6 +55,11 @@ def tfx_example_dataset(data: TrainingData, batch_size: int) -> tf.data.Dataset:
     return factory(list(data.train_files), options, data.schema).repeat()
 
 
+# Config fields that only say where the training batches come from: contenders that differ in
+# these alone can share one model and compiled loop (``OurLoop(same_model_as=...)``).
+INPUT_SOURCE_FIELDS = ("cache", "input_snapshot_dir")
+
+
 class OurLoop:
     """The training library's loop on ``data``; ``measure(steps)`` -> examples/s.
 
@@ -84,7 +89,9 @@ class OurLoop:
         self.config = config
         self.memory_batches = memory_batches if source == "memory" else 0
         if same_model_as is not None:
-            if same_model_as.config != config:
+            # The same model and loop: only where the batches come from may differ.
+            reading = {name: getattr(config, name) for name in INPUT_SOURCE_FIELDS}
+            if dataclasses.replace(same_model_as.config, **reading) != config:
                 raise ValueError("same_model_as must be a loop with the same config")
             self.strategy, self.policy = same_model_as.strategy, same_model_as.policy
             self.batch, self.model = same_model_as.batch, same_model_as.model
@@ -117,8 +124,19 @@ class OurLoop:
                 ds = dataset_transform(ds)
             return ds
 
-        self.iterator = iter(distribute_input(self.strategy, dataset_fn))  # as train() does
+        self._dataset_fn = dataset_fn
+        # The dataset as train() builds it; the strong `fit` contender trains on this object.
+        self.dataset = distribute_input(self.strategy, dataset_fn)
+        self.iterator = iter(self.dataset)
         self.records: list[dict[str, Any]] = []
+
+    def fresh_iterator(self) -> None:
+        """A new input pipeline for the next window. A long-lived iterator that sat idle while
+        other contenders ran has refilled its buffers (shuffle window, prefetch) meanwhile, and
+        its next window reads part of its input for free: a streaming reader measured ~2x."""
+        from trainer_module.training import distribute_input
+
+        self.iterator = iter(distribute_input(self.strategy, self._dataset_fn))
 
     def fill_cache(self) -> None:
         """Pulls the in-memory contender's batches once, so its cache is full (a no-op for the
@@ -205,42 +223,201 @@ class KerasFitBaseline:
         return (timer.batches - self.SKIP) * self.batch_size / (timer.end - timer.start)
 
 
+class StrongFit:
+    """Keras ``model.fit`` given every option our loop has: the model as ``train()`` builds it
+    (``setup.set_up``: the same model options, precision policy, optimizer and scaled learning
+    rate), ``steps_per_execution`` = our ``steps_per_loop``, our ``jit_compile`` setting, and
+    the same dataset object (``OurLoop.dataset``). What is left between it and ours is the
+    loop itself. ``measure(steps)`` -> examples/s between the end of its first execution and
+    the end of its last, so each ``fit`` call's iterator start-up is not charged to it."""
+
+    def __init__(
+        self,
+        data: TrainingData,
+        config: TrainingConfig,
+        ours: OurLoop,
+        *,
+        steps_per_execution: int | None = None,
+    ):
+        import keras
+
+        from trainer_module.training.setup import set_up
+
+        setup = set_up(config, data.model_inputs)
+        self.policy = setup.policy_name
+        self.global_batch = setup.batch.global_batch
+        # Ours runs loops of min(steps_per_loop, window) steps; `fit` gets the same (None =
+        # steps_per_loop): a longer execution than the window would time steps ours never runs.
+        self.steps_per_execution = steps_per_execution or config.steps_per_loop
+        self.model = setup.model
+        self.model.compile(
+            optimizer=setup.optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(),
+            steps_per_execution=self.steps_per_execution,
+            # Ours XLA-compiles only when the config asks (jit_compile switches the
+            # Transformer's padding trimming off, and measured slower there); so does this.
+            jit_compile=config.jit_compile,
+        )
+        self.dataset = ours.dataset
+        self.model_options = config.model_options(config.resolved_model(data.model_inputs))
+
+    def measure(self, steps: int) -> float:
+        import keras
+
+        marks: list[tuple[int, float]] = []
+
+        class Marks(keras.callbacks.Callback):
+            def on_train_batch_end(self, batch, logs=None):
+                marks.append((batch, time.perf_counter()))
+
+        executions = max(2, -(-steps // self.steps_per_execution) + 1)
+        self.model.fit(
+            self.dataset,
+            epochs=1,
+            steps_per_epoch=executions * self.steps_per_execution,
+            shuffle=False,  # a tf.data input: our pipeline shuffles
+            verbose=0,
+            callbacks=[Marks()],
+        )
+        (first, start), (last, end) = marks[0], marks[-1]
+        return (last - first) * self.global_batch / (end - start)
+
+
 def reader_rates(
-    data: TrainingData, config: TrainingConfig, *, batches: int, repeats: int
+    data: TrainingData,
+    config: TrainingConfig,
+    *,
+    batches: int,
+    repeats: int,
+    with_tfx_bsl: bool = True,
 ) -> dict[str, list[float]]:
     """Examples/s of the input pipelines alone (no model): our ``make_dataset`` vs TFX's
-    ``tf_dataset_factory``, same files and batch size, alternated. Each contender keeps one
-    iterator (a training run's steady state), warmed up before timing."""
+    ``tf_dataset_factory``, same files and batch size, alternated. Each window takes a FRESH
+    iterator (see ``OurLoop.fresh_iterator``), its first batch untimed (files opened, buffers
+    filling): the rate a pipeline sustains, not one inflated by buffers filled while idle.
+    ``ours_per_cpu_second`` is ours' examples per second of this process's CPU time over the
+    window (all threads): the reader's cost per core, whatever the machine's core count.
+    ``with_tfx_bsl=False`` times ours alone."""
     from fullthrottle.bench.measure import alternate
     from trainer_module.training import make_dataset
 
     batch_size = config.per_replica_batch_size
-    ours = make_dataset(
-        data.train_files,
-        data.feature_spec,
-        data.model_inputs,
-        config,
-        batch_size=batch_size,
-        training=True,
-        compression=data.compression,
-    )
-    iterators = {"ours": iter(ours), "tfx_bsl": iter(tfx_example_dataset(data, batch_size))}
+
+    def ours() -> tf.data.Dataset:
+        return make_dataset(
+            data.train_files,
+            data.feature_spec,
+            data.model_inputs,
+            config,
+            batch_size=batch_size,
+            training=True,
+            compression=data.compression,
+        )
+
+    builders: dict[str, Callable[[], tf.data.Dataset]] = {"ours": ours}
+    if with_tfx_bsl:
+        builders["tfx_bsl"] = lambda: tfx_example_dataset(data, batch_size)
+    per_cpu_second: list[float] = []
 
     def rate(name: str) -> Callable[[], float]:
         def run() -> float:
-            iterator = iterators[name]
-            start = time.perf_counter()
+            iterator = iter(builders[name]())
+            next(iterator)
+            start, cpu = time.perf_counter(), time.process_time()
             for _ in range(batches):
                 features, _labels = next(iterator)
             # Batches are produced on tf.data threads; touching one value ends the window.
             next(iter(features.values())).numpy()
-            return batches * batch_size / (time.perf_counter() - start)
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            if name == "ours":
+                per_cpu_second.append(batches * batch_size / cpu)
+            return batches * batch_size / wall
 
         return run
 
-    for name in iterators:  # warm-up: threads, autotune, file handles
+    for name in builders:  # warm-up: threads, autotune, traced functions
         rate(name)()
-    return alternate({name: rate(name) for name in iterators}, repeats=repeats)
+    per_cpu_second.clear()
+    samples = alternate({name: rate(name) for name in builders}, repeats=repeats)
+    return {**samples, "ours_per_cpu_second": per_cpu_second}
+
+
+def write_snapshot(data: TrainingData, config: TrainingConfig, *, rows: int) -> None:
+    """Reads ``data`` (``rows`` records) once through ``make_dataset`` with
+    ``config.input_snapshot_dir`` set, so its snapshot of parsed chunks is complete (when it
+    already is, this reads it back)."""
+    from trainer_module.training import make_dataset
+
+    ds = make_dataset(
+        data.train_files,
+        data.feature_spec,
+        data.model_inputs,
+        config,
+        batch_size=config.per_replica_batch_size,
+        training=True,
+        compression=data.compression,
+    )
+    # Past the first pass by more than the shuffle stages hold back: the writer has seen the
+    # end of its input and finished the snapshot.
+    enough = rows + 2 * config.shuffle_buffer_size + 4096
+    seen = 0
+    for features, _ in ds:
+        seen += int(next(iter(features.values())).shape[0])
+        if seen > enough:
+            return
+
+
+def streaming_rates(
+    data: TrainingData,
+    config: TrainingConfig,
+    *,
+    batch_sizes: tuple[int, ...],
+    window_examples: int,
+    repeats: int,
+    snapshot: tuple[str, int] | None = None,
+) -> dict[str, Any]:
+    """Streaming input efficiency: our loop reading ``data`` with ``cache: false`` (the files
+    are bigger than ``cache: auto``'s line, as a user's large data is) vs the same model and
+    compiled loop fed from memory, side by side, at each batch size. Every streaming window
+    takes a fresh input pipeline and one untimed loop to start it (see
+    ``OurLoop.fresh_iterator``), so it is charged for reading all it trains on.
+
+    ``snapshot`` (a folder, the files' row count): a third contender, the same loop streaming
+    with ``training.input_snapshot_dir`` there, its snapshot written before the windows."""
+    from fullthrottle.bench.measure import alternate
+
+    out: dict[str, Any] = {}
+    for batch_size in batch_sizes:
+        streaming_config = dataclasses.replace(
+            config, per_replica_batch_size=batch_size, cache=False
+        )
+        streaming = OurLoop(data, streaming_config)
+        memory = OurLoop(data, streaming_config, source="memory", same_model_as=streaming)
+        steps = max(streaming_config.steps_per_loop, window_examples // batch_size)
+        warm = streaming_config.steps_per_loop
+        streaming.measure(warm)
+        memory.fill_cache()
+        memory.measure(warm)
+
+        def streamed(loop: OurLoop = streaming, warm: int = warm, steps: int = steps) -> float:
+            loop.fresh_iterator()
+            loop.measure(warm)
+            return loop.measure(steps)
+
+        contenders = {
+            "streaming": streamed,
+            "in_memory": lambda m=memory, n=steps: m.measure(n),
+        }
+        if snapshot is not None:
+            folder, rows = snapshot
+            snapshot_config = dataclasses.replace(streaming_config, input_snapshot_dir=folder)
+            write_snapshot(data, snapshot_config, rows=rows)
+            from_snapshot = OurLoop(data, snapshot_config, same_model_as=streaming)
+            from_snapshot.measure(warm)
+            contenders["snapshot"] = lambda loop=from_snapshot: streamed(loop)
+        samples = alternate(contenders, repeats=repeats, side_by_side=("streaming", "in_memory"))
+        out[str(batch_size)] = {"samples": samples, "window_steps": steps}
+    return out
 
 
 # ---------------------------------------------------------------------------------- FLOPs

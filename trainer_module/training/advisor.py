@@ -55,6 +55,14 @@ CHECKPOINT_MIN_SECONDS = 1.0
 # 0.7-1.3 ms steps from a full prefetch buffer, and 0.07 ms per 0.21 ms tabular step when the
 # loop's own get_next takes them (as it takes cached batches, see inputs.make_dataset).
 HANDOFF_WAIT_SECONDS = 1e-4
+# The streaming reader's cost, in tabular examples per CPU-second (one core), as the benchmark's
+# "streaming reader alone" row measured it on 2-core CPUs (docs/performance.md, "Input cores
+# per GPU"): ~2-3 us of CPU per example (read + gunzip + parse), its chunks and batches aside.
+# Used to say how many input cores a run needs when the run gives no measurement of its own.
+READER_EXAMPLES_PER_CORE_SECOND = 250_000
+# The run's host work between loops is called the limit when it is at least this share of the
+# training time and more than the input wait.
+HOST_LIMIT_SHARE = 0.10
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,9 @@ class StepTimeMeasurements:
     host_seconds: float = 0.0
     checkpoint_seconds: float = 0.0
     checkpoints: int = 0  # periodic saves in the measured loops
+    # The reader's own ceiling on this machine, examples/s (None = not measured: the advisor
+    # then estimates it from READER_EXAMPLES_PER_CORE_SECOND and the machine's cores).
+    reader_examples_per_second: float | None = None
 
     @property
     def training_seconds(self) -> float:
@@ -112,6 +123,7 @@ def measurements_from_history(
     precision_policy: str,
     input_cached: bool | None = None,
     model_kind: str | None = None,
+    reader_examples_per_second: float | None = None,
 ) -> StepTimeMeasurements:
     """From the controller's loop records (``wall_time``, ``steps``, ``input_wait_time``).
 
@@ -137,6 +149,7 @@ def measurements_from_history(
         host_seconds=max(host, 0.0) / per,
         checkpoint_seconds=sum(saving) / per,
         checkpoints=sum(1 for t in saving if t > 0),
+        reader_examples_per_second=reader_examples_per_second,
     )
 
 
@@ -214,7 +227,8 @@ def _input_advice(
     per_batch = (
         "handing each batch to the loop has a fixed cost"
         if input_cached
-        else "parsing is one vectorized op per batch"
+        else "parsing is one vectorized op per chunk of records, but each batch is still cut "
+        "and handed over on its own"
     )
     advice.append(
         _item(
@@ -309,7 +323,12 @@ def _compute_advice(
         spec = MODELS[m.model_kind]
         for lever in spec.advice(config.model_options(spec.name), config):
             advice.append(_item(f"models.{spec.name}.{lever.option}", lever.value, lever.why))
-    if not config.jit_compile:
+    # jit_compile switches the Transformer's padding trimming off (trims_padding), and XLA
+    # without trimming measured 0.36-0.48x of the plain trimmed step here: never advised then.
+    trimming = m.model_kind == "transformer" and getattr(
+        config.model_options("transformer"), "trim_padding", False
+    )
+    if not config.jit_compile and not trimming:
         if device.has_gpu:
             advice.append(
                 _item("jit_compile", True, "XLA fuses the step's elementwise ops into its matmuls")
@@ -392,6 +411,36 @@ def advise(
             "(measured 0.03-0.08 ms on CPU, batches already in memory alike), not pipeline work, "
             "so input-pipeline settings will not shrink it; fewer, larger batches will"
         )
+    limit = _limit(m, band)
+    ceiling, measured = _reader_ceiling(m, device)
+    if limit == "reader" and not m.input_cached:
+        cores_needed = m.global_batch_size / m.training_seconds / (ceiling / device.cpu_count)
+        notes.append(
+            f"the reader limits this run: its ceiling is ~{ceiling:,.0f} examples/s on "
+            f"{device.cpu_count} core(s) ({'measured' if measured else 'estimated from the benchmark'}"
+            f"), the model would take ~{m.global_batch_size / max(m.compute_seconds, 1e-9):,.0f}. "
+            f"Feeding it takes ~{cores_needed:.1f} input cores at this pace: write the "
+            "Transform output as pre-batched records (many rows per tf.Example), keep a "
+            "tf.data snapshot of parsed chunks for later epochs, give the input more threads "
+            "(num_parallel_calls / interleave_cycle_length None, several input files), or "
+            "move parsing to other machines' cores with the tf.data service"
+        )
+    if device.has_gpu and m.compute_seconds > 0:
+        gpus = len(device.gpu_compute_capabilities)
+        per_gpu = m.global_batch_size / m.compute_seconds / gpus
+        needed = gpu_input_cores(per_gpu)
+        notes.append(
+            f"at its compute pace (~{per_gpu:,.0f} examples/s per GPU) each GPU needs "
+            f"~{needed:.1f} input cores for the streaming reader (~"
+            f"{READER_EXAMPLES_PER_CORE_SECOND:,} tabular examples per core-second); this "
+            f"machine has {device.cpu_count / gpus:.1f} per GPU"
+            + (
+                ": too few, so cache, a snapshot of parsed chunks, pre-batched records or the "
+                "tf.data service's remote workers decide its speed"
+                if needed > device.cpu_count / gpus
+                else ""
+            )
+        )
     if m.loops < 2:
         notes.append(
             "measured over one loop, which includes tracing: run more steps than "
@@ -399,6 +448,11 @@ def advise(
         )
     return {
         "classification": band,
+        # What sets the pace: "reader" (waiting on input), "host overhead" (work between the
+        # loops) or "compute" (the step itself).
+        "limit": limit,
+        "reader_ceiling_examples_per_second": round(ceiling),
+        "reader_ceiling_measured": measured,
         "input_wait_fraction": round(fraction, 4),
         "step_time_ms": round(m.step_seconds * 1e3, 4),
         "input_wait_ms": round(m.input_wait_seconds * 1e3, 4),
@@ -415,6 +469,27 @@ def advise(
         "advice": unique,
         "notes": notes,
     }
+
+
+def _limit(m: StepTimeMeasurements, band: str) -> str:
+    """Which of the reader, the host's work between loops, or the step's compute sets the pace."""
+    if m.host_fraction >= HOST_LIMIT_SHARE and m.host_fraction > m.input_wait_fraction:
+        return "host overhead"
+    return "compute" if band == NOT_INPUT_BOUND else "reader"
+
+
+def _reader_ceiling(m: StepTimeMeasurements, device: DeviceFacts) -> tuple[float, bool]:
+    """The reader's examples/s ceiling: measured when the run gives it, else the benchmark's
+    per-core rate times the machine's cores (tf.data's parallel stages use them all)."""
+    if m.reader_examples_per_second:
+        return m.reader_examples_per_second, True
+    return READER_EXAMPLES_PER_CORE_SECOND * device.cpu_count, False
+
+
+def gpu_input_cores(examples_per_second_per_gpu: float) -> float:
+    """Input cores one GPU needs to be fed ``examples_per_second_per_gpu`` by the streaming
+    reader (docs/performance.md, "Input cores per GPU")."""
+    return examples_per_second_per_gpu / READER_EXAMPLES_PER_CORE_SECOND
 
 
 def advise_result(

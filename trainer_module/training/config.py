@@ -123,6 +123,12 @@ class TrainingConfig:
     prefetch_buffer_size: int | None = None
     deterministic_input: bool | None = None  # None = same as `deterministic`
     resume_data: str = "skip"  # "skip": replay the seeded order up to the step; "reseed"
+    # Streaming input only: a local folder where the parsed chunks of the training files are
+    # kept (tf.data snapshot, inputs.snapshot_path: keyed by the files' names, sizes and
+    # modification times and the feature spec). The first pass writes it while training; later
+    # epochs and later runs on the same Transform output read tensors instead of records.
+    # None = off.
+    input_snapshot_dir: str | None = None
     # Models: each registered model's own options, by model name (``models: {transformer:
     # {layers: 2, ...}, tabular: {hidden_units: [64, 64]}}``; see models/<name>.py). Missing
     # sections and options take their defaults. The two below are shared by every model.
@@ -214,6 +220,13 @@ class TrainingConfig:
             self.loss_scale_initial,
         )
         r(0.0 <= self.dropout_rate < 1.0, "dropout_rate", "must be in [0, 1)", self.dropout_rate)
+        if self.input_snapshot_dir is not None:
+            r(
+                isinstance(self.input_snapshot_dir, str) and bool(self.input_snapshot_dir),
+                "input_snapshot_dir",
+                "must be a folder path or None",
+                self.input_snapshot_dir,
+            )
         if self.checkpoint_every_seconds is not None:
             r(
                 self.checkpoint_every_seconds > 0,

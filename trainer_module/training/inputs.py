@@ -1,9 +1,18 @@
 """Input pipeline: gzip TFRecords of transformed tf.Examples -> (features, label) batches.
 
-Order of stages (each placed where it is cheapest):
-  file list (sorted, sharded per input pipeline, seeded shuffle) -> interleave(AUTOTUNE)
-  -> repeat -> record shuffle -> batch -> [skip on resume] -> vectorized
-  parse_example (one op per batch, not per record) -> prefetch(AUTOTUNE) last.
+Streaming (the default for files too big for the cache). No stage after the file reader
+touches single records: each file's reader hands over chunks of ``STREAM_CHUNK_ROWS``
+serialized records, and every later stage works on chunks or batches:
+  file list (sorted, sharded per input pipeline, seeded shuffle) -> repeat
+  -> interleave(AUTOTUNE) of per-file TFRecord readers, each ``.batch(STREAM_CHUNK_ROWS)``
+  -> vectorized parse_example per chunk (parallel) -> seeded chunk shuffle
+  -> ``rebatch`` into windows of ~``shuffle_buffer_size`` rows -> a seeded permutation of
+  each window (one gather per feature) -> ``rebatch(batch_size)`` -> [skip on resume]
+  -> prefetch(AUTOTUNE) last.
+A record crossing a tf.data stage costs ~1-5 us on these CPUs (the parallel interleave's
+thread hand-over most of all); a chunk costs the same, so per record it is ~1000x less.
+Shuffle quality: a row is permuted within its window, whose chunks are drawn from a buffer
+of as many chunks (see docs/performance.md, "The streaming reader").
 
 Cached (``cache`` True, or "auto" and the training files are small, see :func:`resolve_cache`):
   the records are read and parsed ONCE (one ParseExample over all of them) into memory; every
@@ -18,6 +27,9 @@ feature the model needs, or declares it with the wrong shape/dtype.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 import tensorflow as tf
@@ -39,6 +51,9 @@ CACHE_AUTO_RAM_FRACTION = 0.10
 # A constant (not a multiple of the batch size), so 1 replica x 2b and 2 replicas x b still see
 # the same stream.
 CACHE_ROWS_PER_ELEMENT = 16_384
+# Streaming: serialized records per chunk a file reader hands over (per-element tf.data costs
+# are paid per chunk). A constant, so the stream does not depend on the batch size.
+STREAM_CHUNK_ROWS = 1024
 
 
 def resolve_cache(config: TrainingConfig, files: Sequence[str]) -> tuple[bool, str]:
@@ -125,9 +140,23 @@ def make_dataset(
     seed = config.seed + seed_offset
 
     cache = training and resolve_cache(config, files)[0]
-    spec = dict(feature_spec)
+    snapshot = None
+    if training and not cache and config.input_snapshot_dir:
+        snapshot = snapshot_path(
+            config.input_snapshot_dir,
+            files,
+            feature_spec,
+            compression=compression,
+            shard=(pipe_id, n_pipes) if record_shard else None,
+        )
+        # The snapshot holds the chunks in one fixed order (files sorted, read deterministically):
+        # every pass, written or read, is the same stream, so the seeded shuffles below and a
+        # resumed run replay it exactly. Across files, mixing is left to the chunk shuffle.
+        deterministic = True
     keep = model_inputs.feature_names
     label_key = model_inputs.label
+    # Only what the model reads: Transform outputs it does not use are never parsed.
+    spec = {name: feature_spec[name] for name in (*keep, label_key)}
 
     def parse(serialized):
         # Vectorized: one ParseExample over the whole batch.
@@ -135,22 +164,29 @@ def make_dataset(
         return {k: parsed[k] for k in keep}, parsed[label_key]
 
     ds = tf.data.Dataset.from_tensor_slices(files)
-    if training and config.shuffle_files and len(files) > 1 and not cache:
+    if training and config.shuffle_files and len(files) > 1 and not cache and not snapshot:
         # Same seed on every worker: file order only matters within a pipeline's own shard.
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if training and not cache:
+    if training and not cache and not snapshot:
         ds = ds.repeat()  # repeat the file list, so each epoch reshuffles the files
     compression_type = compression or ""
+
+    def records(path):
+        reader = tf.data.TFRecordDataset(path, compression_type=compression_type)
+        if record_shard:
+            # Every pipeline reads every file and keeps its own records of each, in order.
+            reader = reader.shard(n_pipes, pipe_id)
+        # Chunks, not records, cross the interleave (cached: one chunk stage less to pay for).
+        return reader if cache else reader.batch(STREAM_CHUNK_ROWS)
+
     ds = ds.interleave(
-        lambda f: tf.data.TFRecordDataset(f, compression_type=compression_type),
+        records,
         # A cached read happens once: a deterministic order makes the epochs' permutations
         # (seeded, over row positions) reproducible whatever the thread timing.
         cycle_length=config.interleave_cycle_length,  # None = AUTOTUNE (CPU count)
         num_parallel_calls=AUTOTUNE,
         deterministic=deterministic or cache,
     )
-    if record_shard:
-        ds = ds.shard(n_pipes, pipe_id)
     if cache:
         ds = _cached_epochs(
             ds,
@@ -162,20 +198,30 @@ def make_dataset(
         if skip_batches:
             ds = ds.skip(skip_batches)  # a skipped batch is a slice: nothing is read
     else:
-        if training and config.shuffle_buffer_size > 0:
-            ds = ds.shuffle(
-                config.shuffle_buffer_size,
-                seed=seed + 7919 * pipe_id,
-                reshuffle_each_iteration=True,
-            )
-        ds = ds.batch(batch_size, drop_remainder=training)
-        if skip_batches:
-            ds = ds.skip(skip_batches)
         ds = ds.map(
             parse,
             num_parallel_calls=config.num_parallel_calls or AUTOTUNE,
             deterministic=deterministic,
         )
+        if snapshot:
+            ds = ds.snapshot(
+                snapshot,
+                compression=None,  # parsed floats and ids: snappy costs more than it saves here
+                # One shard, read back in order: the stream is the one that was written.
+                shard_func=lambda *_: tf.constant(0, tf.int64),
+                reader_func=lambda shards: shards.flat_map(lambda shard: shard),
+            ).repeat()
+        if training and config.shuffle_buffer_size > 0:
+            ds = _shuffled_windows(
+                ds,
+                window_rows=config.shuffle_buffer_size,
+                seed=seed + 7919 * pipe_id,
+                deterministic=deterministic,
+            )
+        ds = ds.rebatch(batch_size, drop_remainder=training)
+        if skip_batches:
+            # Resume: the skipped batches are read and parsed (chunk by chunk), never trained on.
+            ds = ds.skip(skip_batches)
     options = tf.data.Options()
     options.deterministic = deterministic
     # We shard ourselves (by file, above); TF's auto-sharding would shard a second time.
@@ -227,6 +273,63 @@ def _cached_epochs(
     # loop takes batches from the current one (the batches themselves are not prefetched).
     permuted_epochs = table.repeat().enumerate().map(permuted).prefetch(1)
     return permuted_epochs.rebatch(batch_size, drop_remainder=True)
+
+
+def snapshot_path(
+    directory: str,
+    files: Sequence[str],
+    feature_spec: Mapping[str, tf.io.FixedLenFeature],
+    *,
+    compression: str | None,
+    shard: tuple[int, int] | None = None,
+) -> str:
+    """Where the parsed chunks of ``files`` are kept under ``directory``: a folder named by a
+    hash of what decides their content (each file's path, size and modification time, the
+    feature spec, the compression, the chunk size and this pipeline's record shard). New
+    Transform output, a changed file or another spec get a folder of their own."""
+    identity = []
+    for path in sorted(files):
+        stat = tf.io.gfile.stat(path)
+        identity.append([path, stat.length, stat.mtime_nsec])
+    spec = {
+        name: [feature.dtype.name, list(feature.shape)]
+        for name, feature in sorted(feature_spec.items())
+    }
+    key = json.dumps(
+        {
+            "files": identity,
+            "spec": spec,
+            "compression": compression or "",
+            "chunk_rows": STREAM_CHUNK_ROWS,
+            "shard": list(shard) if shard else None,
+        },
+        sort_keys=True,
+    )
+    return os.path.join(directory, "chunks-" + hashlib.sha256(key.encode()).hexdigest()[:16])
+
+
+def _shuffled_windows(
+    chunks: tf.data.Dataset, *, window_rows: int, seed: int, deterministic: bool
+) -> tf.data.Dataset:
+    """Parsed chunks -> windows of ``window_rows`` rows (a multiple of the chunk size), each
+    drawn from a seeded shuffle buffer of as many chunks and permuted by an order drawn from
+    ``(seed, window index)``: stateless, so a resumed run that replays the stream from its
+    start permutes every window the same way."""
+    window_chunks = max(2, -(-window_rows // STREAM_CHUNK_ROWS))
+    shuffled = chunks.shuffle(window_chunks, seed=seed, reshuffle_each_iteration=True)
+    windows = shuffled.rebatch(window_chunks * STREAM_CHUNK_ROWS, drop_remainder=True)
+
+    def permuted(index, data):
+        rows = tf.shape(data[1])[0]
+        keys = tf.random.stateless_uniform(
+            tf.reshape(rows, [1]), seed=tf.stack([tf.constant(seed, tf.int64), index])
+        )
+        order = tf.argsort(keys, stable=True)
+        return tf.nest.map_structure(lambda t: tf.gather(t, order), data)
+
+    return windows.enumerate().map(
+        permuted, num_parallel_calls=AUTOTUNE, deterministic=deterministic
+    )
 
 
 def make_distributed_dataset(

@@ -140,14 +140,18 @@ def test_no_precision_advice_the_device_cannot_use():
     assert "training.precision" not in _fields(report) and "jit_compile" not in _fields(report)
 
 
-def test_cache_is_advised_only_when_the_input_was_not_cached():
-    def fields(cached, cache="auto"):
+def test_cache_and_pre_batched_copies_are_advised_only_when_the_input_streamed():
+    def fields(cached, cache="auto", copies=None):
         m = StepTimeMeasurements(0.001, 0.0008, 100, 3, 64, "float32", input_cached=cached)
-        return _fields(advise(m, TrainingConfig(cache=cache), CPU_NO_BF16))
+        config = TrainingConfig(cache=cache, input_snapshot_dir=copies)
+        return _fields(advise(m, config, CPU_NO_BF16))
 
     assert "cache" in fields(False) and "cache" in fields(None)
     assert "cache" not in fields(True)  # `auto` already cached this run's input
     assert "cache" not in fields(None, cache=True)
+    assert "input_snapshot_dir" in fields(False)
+    assert "input_snapshot_dir" not in fields(True)
+    assert "input_snapshot_dir" not in fields(False, copies="/data/copies")
     assert "per_replica_batch_size" in fields(True)  # what is left: fewer, larger batches
 
 
@@ -371,7 +375,7 @@ def test_the_report_names_what_limits_the_run_and_the_readers_ceiling():
     assert reader_bound["reader_ceiling_examples_per_second"] == 150_000
     assert reader_bound["reader_ceiling_measured"] is True
     note = " ".join(reader_bound["notes"])
-    for lever in ("pre-batched records", "snapshot", "more threads", "tf.data service"):
+    for lever in ("pre-batched records", "input_snapshot_dir", "more threads", "tf.data service"):
         assert lever in note, lever
     assert "input cores" in note
     estimated = report(0.002, 0.0015)
@@ -387,6 +391,10 @@ def test_gpu_runs_are_told_the_input_cores_each_gpu_needs():
     m = StepTimeMeasurements(256 / 4e6, 0.0, 100, 3, 256, "mixed_float16", model_kind="tabular")
     notes = " ".join(advise(m, TrainingConfig(), GPU_V100)["notes"])
     assert f"~{gpu_input_cores(4e6):.1f} input cores" in notes and "8.0 per GPU" in notes
+    prebatched = gpu_input_cores(4e6, prebatched=True)
+    assert (
+        0 < prebatched < gpu_input_cores(4e6) and f"~{prebatched:.1f} reading pre-batched" in notes
+    )
     assert "too few" in notes
     slow = dataclasses.replace(m, step_seconds=256 / 1e6)
     assert "too few" not in " ".join(advise(slow, TrainingConfig(), GPU_V100)["notes"])

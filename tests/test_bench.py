@@ -660,10 +660,19 @@ def test_the_streaming_contender_really_streams_data_past_the_cache_line(tmp_pat
         entry = result[f"b{size}"]
         assert len(entry["paired"]) == TINY.streaming_repeats
         assert entry["numerator"] == "streaming" and entry["denominator"] == "in_memory"
-        assert len(result[f"b{size}_snapshot"]["paired"]) == TINY.streaming_repeats
+        prebatched = result[f"b{size}_prebatched"]
+        assert len(prebatched["paired"]) == TINY.streaming_repeats
+        assert prebatched["numerator"] == "prebatched"
     assert result["reader"]["per_cpu_second"]["median"] > 0
-    assert result["reader_snapshot"]["per_cpu_second"]["median"] > 0
-    assert list((Path(result["examples_uri"]) / "snapshots").iterdir())  # it was read back
+    reader = result["reader_prebatched"]
+    assert reader["per_cpu_second"]["median"] > 0 and reader["write_seconds"] > 0
+    # One pre-batched copy per training file, which the contenders read; the timed rewrite's
+    # folder is gone.
+    copies = list((Path(result["examples_uri"]) / "prebatched").glob("*.prebatched.gz"))
+    assert len(copies) == result["files"] and reader["bytes"] == sum(
+        p.stat().st_size for p in copies
+    )
+    assert not (Path(result["examples_uri"]) / "prebatched-timed").exists()
     # The full bench's files: past `cache: auto`'s line on the 24 GiB machines this runs on.
     bytes_per_row = result["bytes"] / result["rows"]
     line = CACHE_AUTO_RAM_FRACTION * 24 * 2**30 / CACHE_AUTO_EXPANSION

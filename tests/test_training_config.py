@@ -375,38 +375,62 @@ def test_streaming_input_shuffles_rows_across_chunks_and_resumes_exactly(tmp_pat
     np.testing.assert_array_equal(next(iter(ds))[0]["x0"].numpy(), rows[:10])
 
 
-def test_a_snapshot_of_parsed_chunks_replays_the_same_stream_in_later_runs(tmp_path, monkeypatch):
-    """``input_snapshot_dir``: the first pass writes the parsed chunks while training; a later
-    run (or epoch) reads them back and sees exactly the stream the first one saw, resume
-    included. New files get a snapshot of their own."""
+@pytest.mark.parametrize("kind", ["tabular", "text"])
+def test_pre_batched_copies_are_written_once_and_replay_the_record_stream(
+    tmp_path, monkeypatch, kind
+):
+    """``input_snapshot_dir``: each training file is copied once to one record per chunk; the
+    copies give exactly the batches the records give (same chunks, same file shuffle, same
+    windows), resume included, and are reused, not rewritten. New files get copies of their
+    own; a killed write's leftover is never read."""
     from tests.training_data import write_records
     from trainer_module.training import inputs as inputs_module
     from trainer_module.training import make_dataset
 
     monkeypatch.setattr(inputs_module, "STREAM_CHUNK_ROWS", 16)
-    inputs = tabular_inputs()
+    inputs = tabular_inputs() if kind == "tabular" else text_inputs()
     files = write_records(tmp_path / "d", inputs, files=2, per_file=50)
     spec = feature_spec(inputs)
-    snapshots = tmp_path / "snapshots"
-    config = TrainingConfig(cache=False, shuffle_buffer_size=64, input_snapshot_dir=str(snapshots))
+    copies = tmp_path / "copies"
+    base = dict(cache=False, shuffle_buffer_size=64, deterministic_input=True)
+    records_config = TrainingConfig(**base)
+    config = TrainingConfig(**base, input_snapshot_dir=str(copies))
+    (copies / "part-0-leftover.prebatched.gz.tmp-1-deadbeef").parent.mkdir()
+    (copies / "part-0-leftover.prebatched.gz.tmp-1-deadbeef").write_bytes(b"half a write")
 
-    def stream(n_batches, **kwargs):
-        ds = make_dataset(files, spec, inputs, config, batch_size=10, training=True, **kwargs)
-        return np.concatenate([f["x0"].numpy() for f, _ in ds.take(n_batches)])
+    def stream(cfg, n_batches, **kwargs):
+        ds = make_dataset(files, spec, inputs, cfg, batch_size=10, training=True, **kwargs)
+        batches = list(ds.take(n_batches))
+        return {
+            name: np.concatenate([f[name].numpy() for f, _ in batches]) for name in batches[0][0]
+        } | {"label": np.concatenate([y.numpy() for _, y in batches])}
 
-    first = stream(40)  # 4 passes: the first one writes the snapshot
-    (written,) = list(snapshots.iterdir())
-    assert written.name == os.path.basename(
-        inputs_module.snapshot_path(str(snapshots), files, spec, compression="GZIP")
+    first = stream(config, 40)  # 4 passes over 100 rows
+    written = sorted(p for p in copies.iterdir() if p.name.endswith(".prebatched.gz"))
+    assert [p.name for p in written] == sorted(
+        os.path.basename(inputs_module.prebatched_path(str(copies), f, spec, compression="GZIP"))
+        for f in files
     )
-    _, counts = np.unique(first, return_counts=True)
-    assert len(counts) == 100 and counts.min() >= 2  # every row, pass after pass
-    np.testing.assert_array_equal(stream(40), first)  # read back: the same stream
-    np.testing.assert_array_equal(stream(13, skip_batches=27), first[270:])  # exact resume
+    # One record per chunk of 16 rows (50 rows: 16 + 16 + 16 + 2).
+    for path in written:
+        assert sum(1 for _ in tf.data.TFRecordDataset(str(path), "GZIP")) == 4
+    from_records = stream(records_config, 40)
+    assert first.keys() == from_records.keys()
+    for name, values in from_records.items():
+        np.testing.assert_array_equal(first[name], values, err_msg=name)
+    if kind == "text":
+        assert first["tokens"].shape[1:] == (spec["tokens"].shape[0],)
+    _, counts = np.unique(first[next(iter(first))], axis=0, return_counts=True)
+    assert counts.min() >= 2  # every row, pass after pass
+    mtimes = [p.stat().st_mtime_ns for p in written]
+    resumed = stream(config, 13, skip_batches=27)
+    for name, values in resumed.items():
+        np.testing.assert_array_equal(values, first[name][270:], err_msg=name)
+    assert [p.stat().st_mtime_ns for p in written] == mtimes  # reused, not rewritten
     other = write_records(tmp_path / "e", inputs, files=2, per_file=50, seed=1)
-    assert inputs_module.snapshot_path(
-        str(snapshots), other, spec, compression="GZIP"
-    ) != inputs_module.snapshot_path(str(snapshots), files, spec, compression="GZIP")
+    assert inputs_module.prebatched_path(
+        str(copies), other[0], spec, compression="GZIP"
+    ) != inputs_module.prebatched_path(str(copies), files[0], spec, compression="GZIP")
     with pytest.raises(ConfigError, match="`input_snapshot_dir` must be a folder path or None"):
         TrainingConfig(input_snapshot_dir="")
 

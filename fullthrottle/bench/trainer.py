@@ -21,6 +21,7 @@ so a comparison alternates windows of the contenders in one process (see ``measu
 from __future__ import annotations
 
 import dataclasses
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -342,13 +343,14 @@ def reader_rates(
     return {**samples, "ours_per_cpu_second": per_cpu_second}
 
 
-def write_snapshot(data: TrainingData, config: TrainingConfig, *, rows: int) -> None:
-    """Reads ``data`` (``rows`` records) once through ``make_dataset`` with
-    ``config.input_snapshot_dir`` set, so its snapshot of parsed chunks is complete (when it
-    already is, this reads it back)."""
+def write_prebatched_copies(data: TrainingData, config: TrainingConfig) -> dict[str, float]:
+    """Writes the pre-batched copies of ``data``'s training files under
+    ``config.input_snapshot_dir`` (what a training run does first; nothing when they exist).
+    Returns the seconds it took and the copies' bytes."""
     from trainer_module.training import make_dataset
 
-    ds = make_dataset(
+    started = time.perf_counter()
+    make_dataset(
         data.train_files,
         data.feature_spec,
         data.model_inputs,
@@ -357,14 +359,12 @@ def write_snapshot(data: TrainingData, config: TrainingConfig, *, rows: int) -> 
         training=True,
         compression=data.compression,
     )
-    # Past the first pass by more than the shuffle stages hold back: the writer has seen the
-    # end of its input and finished the snapshot.
-    enough = rows + 2 * config.shuffle_buffer_size + 4096
-    seen = 0
-    for features, _ in ds:
-        seen += int(next(iter(features.values())).shape[0])
-        if seen > enough:
-            return
+    folder = config.input_snapshot_dir or ""
+    copies = tf.io.gfile.glob(os.path.join(folder, "*.prebatched.gz"))
+    return {
+        "seconds": time.perf_counter() - started,
+        "bytes": float(sum(tf.io.gfile.stat(c).length for c in copies)),
+    }
 
 
 def streaming_rates(
@@ -374,7 +374,7 @@ def streaming_rates(
     batch_sizes: tuple[int, ...],
     window_examples: int,
     repeats: int,
-    snapshot: tuple[str, int] | None = None,
+    prebatched_dir: str | None = None,
 ) -> dict[str, Any]:
     """Streaming input efficiency: our loop reading ``data`` with ``cache: false`` (the files
     are bigger than ``cache: auto``'s line, as a user's large data is) vs the same model and
@@ -382,8 +382,8 @@ def streaming_rates(
     takes a fresh input pipeline and one untimed loop to start it (see
     ``OurLoop.fresh_iterator``), so it is charged for reading all it trains on.
 
-    ``snapshot`` (a folder, the files' row count): a third contender, the same loop streaming
-    with ``training.input_snapshot_dir`` there, its snapshot written before the windows."""
+    ``prebatched_dir``: a third contender, the same loop streaming from pre-batched copies of
+    the files (``training.input_snapshot_dir`` there), written before the windows."""
     from fullthrottle.bench.measure import alternate
 
     out: dict[str, Any] = {}
@@ -408,13 +408,14 @@ def streaming_rates(
             "streaming": streamed,
             "in_memory": lambda m=memory, n=steps: m.measure(n),
         }
-        if snapshot is not None:
-            folder, rows = snapshot
-            snapshot_config = dataclasses.replace(streaming_config, input_snapshot_dir=folder)
-            write_snapshot(data, snapshot_config, rows=rows)
-            from_snapshot = OurLoop(data, snapshot_config, same_model_as=streaming)
-            from_snapshot.measure(warm)
-            contenders["snapshot"] = lambda loop=from_snapshot: streamed(loop)
+        if prebatched_dir is not None:
+            prebatched_config = dataclasses.replace(
+                streaming_config, input_snapshot_dir=prebatched_dir
+            )
+            write_prebatched_copies(data, prebatched_config)
+            prebatched = OurLoop(data, prebatched_config, same_model_as=streaming)
+            prebatched.measure(warm)
+            contenders["prebatched"] = lambda loop=prebatched: streamed(loop)
         samples = alternate(contenders, repeats=repeats, side_by_side=("streaming", "in_memory"))
         out[str(batch_size)] = {"samples": samples, "window_steps": steps}
     return out

@@ -60,6 +60,10 @@ HANDOFF_WAIT_SECONDS = 1e-4
 # per GPU"): ~2-3 us of CPU per example (read + gunzip + parse), its chunks and batches aside.
 # Used to say how many input cores a run needs when the run gives no measurement of its own.
 READER_EXAMPLES_PER_CORE_SECOND = 250_000
+# The same reader on pre-batched copies (`input_snapshot_dir`), as the benchmark's "reader on
+# pre-batched copies" row measured it (~1.1M on a 2-core CPU; docs/performance.md, "Input
+# cores per GPU"): the read and parse are one op per 1,024 rows, the shuffle and cut remain.
+PREBATCHED_EXAMPLES_PER_CORE_SECOND = 1_000_000
 # The run's host work between loops is called the limit when it is at least this share of the
 # training time and more than the input wait.
 HOST_LIMIT_SHARE = 0.10
@@ -198,6 +202,18 @@ def _input_advice(
                 "reads and parses each record once, then serves every epoch from memory as "
                 "shuffled gathers ('auto' does this only when the files are small next to RAM; "
                 "the transformed training split must fit in RAM)",
+            )
+        )
+    if not input_cached and not config.input_snapshot_dir:
+        advice.append(
+            _item(
+                "input_snapshot_dir",
+                "<a folder>",
+                "the first run writes a pre-batched copy of each training file there (one "
+                "record per 1,024 parsed rows, about half the records' size); every later epoch "
+                "and run on the same Transform output reads it at a fraction of the records' "
+                f"CPU cost (~{PREBATCHED_EXAMPLES_PER_CORE_SECOND:,} vs "
+                f"~{READER_EXAMPLES_PER_CORE_SECOND:,} tabular examples per core-second)",
             )
         )
     if config.prefetch_buffer_size is not None:
@@ -420,10 +436,10 @@ def advise(
             f"{device.cpu_count} core(s) ({'measured' if measured else 'estimated from the benchmark'}"
             f"), the model would take ~{m.global_batch_size / max(m.compute_seconds, 1e-9):,.0f}. "
             f"Feeding it takes ~{cores_needed:.1f} input cores at this pace: write the "
-            "Transform output as pre-batched records (many rows per tf.Example), keep a "
-            "tf.data snapshot of parsed chunks for later epochs, give the input more threads "
-            "(num_parallel_calls / interleave_cycle_length None, several input files), or "
-            "move parsing to other machines' cores with the tf.data service"
+            "Transform output as pre-batched records once (training.input_snapshot_dir: one "
+            "record per 1,024 rows, read by every later epoch and run), give the input more "
+            "threads (num_parallel_calls / interleave_cycle_length None, several input files), "
+            "or move parsing to other machines' cores with the tf.data service"
         )
     if device.has_gpu and m.compute_seconds > 0:
         gpus = len(device.gpu_compute_capabilities)
@@ -432,11 +448,13 @@ def advise(
         notes.append(
             f"at its compute pace (~{per_gpu:,.0f} examples/s per GPU) each GPU needs "
             f"~{needed:.1f} input cores for the streaming reader (~"
-            f"{READER_EXAMPLES_PER_CORE_SECOND:,} tabular examples per core-second); this "
-            f"machine has {device.cpu_count / gpus:.1f} per GPU"
+            f"{READER_EXAMPLES_PER_CORE_SECOND:,} tabular examples per core-second), "
+            f"~{gpu_input_cores(per_gpu, prebatched=True):.1f} reading pre-batched copies "
+            f"(training.input_snapshot_dir); this machine has {device.cpu_count / gpus:.1f} "
+            "per GPU"
             + (
-                ": too few, so cache, a snapshot of parsed chunks, pre-batched records or the "
-                "tf.data service's remote workers decide its speed"
+                ": too few for the records, so cache, pre-batched copies or the tf.data "
+                "service's remote workers decide its speed"
                 if needed > device.cpu_count / gpus
                 else ""
             )
@@ -486,10 +504,12 @@ def _reader_ceiling(m: StepTimeMeasurements, device: DeviceFacts) -> tuple[float
     return READER_EXAMPLES_PER_CORE_SECOND * device.cpu_count, False
 
 
-def gpu_input_cores(examples_per_second_per_gpu: float) -> float:
+def gpu_input_cores(examples_per_second_per_gpu: float, *, prebatched: bool = False) -> float:
     """Input cores one GPU needs to be fed ``examples_per_second_per_gpu`` by the streaming
-    reader (docs/performance.md, "Input cores per GPU")."""
-    return examples_per_second_per_gpu / READER_EXAMPLES_PER_CORE_SECOND
+    reader, from the records or from pre-batched copies (docs/performance.md, "Input cores per
+    GPU")."""
+    rate = PREBATCHED_EXAMPLES_PER_CORE_SECOND if prebatched else READER_EXAMPLES_PER_CORE_SECOND
+    return examples_per_second_per_gpu / rate
 
 
 def advise_result(

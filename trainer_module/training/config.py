@@ -123,11 +123,11 @@ class TrainingConfig:
     prefetch_buffer_size: int | None = None
     deterministic_input: bool | None = None  # None = same as `deterministic`
     resume_data: str = "skip"  # "skip": replay the seeded order up to the step; "reseed"
-    # Streaming input only: a local folder where the parsed chunks of the training files are
-    # kept (tf.data snapshot, inputs.snapshot_path: keyed by the files' names, sizes and
-    # modification times and the feature spec). The first pass writes it while training; later
-    # epochs and later runs on the same Transform output read tensors instead of records.
-    # None = off.
+    # Streaming input only: a folder where a pre-batched copy of each training file is kept
+    # (one tf.Example per 1,024 parsed rows; inputs.prebatched_path: keyed by the file's name,
+    # size and modification time and the parsed features). Written once before training; every
+    # epoch and every later run on the same Transform output reads one record per chunk
+    # instead of one per row. None = off.
     input_snapshot_dir: str | None = None
     # Models: each registered model's own options, by model name (``models: {transformer:
     # {layers: 2, ...}, tabular: {hidden_units: [64, 64]}}``; see models/<name>.py). Missing

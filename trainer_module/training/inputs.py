@@ -14,6 +14,13 @@ thread hand-over most of all); a chunk costs the same, so per record it is ~1000
 Shuffle quality: a row is permuted within its window, whose chunks are drawn from a buffer
 of as many chunks (see docs/performance.md, "The streaming reader").
 
+Pre-batched (``input_snapshot_dir`` set, streaming only): each training file is first copied,
+once, to a file of that folder holding one tf.Example per chunk (every feature's values of its
+1,024 rows, flattened; gzip). The pipeline above then reads those copies, one record per chunk,
+and parses each with one ParseSingleExample: the per-record reading and parsing is paid once,
+not every epoch and every run. The chunks are the ones the record path builds, so the stream
+(file shuffle, windows, resume) is the same.
+
 Cached (``cache`` True, or "auto" and the training files are small, see :func:`resolve_cache`):
   the records are read and parsed ONCE (one ParseExample over all of them) into memory; every
   epoch is then one gather per feature by a seeded permutation, sliced into batches by
@@ -29,8 +36,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import tensorflow as tf
 
@@ -54,6 +66,10 @@ CACHE_ROWS_PER_ELEMENT = 16_384
 # Streaming: serialized records per chunk a file reader hands over (per-element tf.data costs
 # are paid per chunk). A constant, so the stream does not depend on the batch size.
 STREAM_CHUNK_ROWS = 1024
+# Pre-batched copies (``input_snapshot_dir``): one tf.Example per chunk, gzip-compressed.
+PREBATCHED_COMPRESSION = "GZIP"
+
+_log = logging.getLogger(__name__)
 
 
 def resolve_cache(config: TrainingConfig, files: Sequence[str]) -> tuple[bool, str]:
@@ -140,44 +156,43 @@ def make_dataset(
     seed = config.seed + seed_offset
 
     cache = training and resolve_cache(config, files)[0]
-    snapshot = None
-    if training and not cache and config.input_snapshot_dir:
-        snapshot = snapshot_path(
-            config.input_snapshot_dir,
-            files,
-            feature_spec,
-            compression=compression,
-            shard=(pipe_id, n_pipes) if record_shard else None,
-        )
-        # The snapshot holds the chunks in one fixed order (files sorted, read deterministically):
-        # every pass, written or read, is the same stream, so the seeded shuffles below and a
-        # resumed run replay it exactly. Across files, mixing is left to the chunk shuffle.
-        deterministic = True
     keep = model_inputs.feature_names
     label_key = model_inputs.label
     # Only what the model reads: Transform outputs it does not use are never parsed.
     spec = {name: feature_spec[name] for name in (*keep, label_key)}
+    prebatched = training and not cache and bool(config.input_snapshot_dir)
+    if prebatched:
+        # Same names, same order: each file's pre-batched copy holds its chunks in file order, so
+        # the stream below is the record path's stream (file shuffle and sharding included).
+        files = prebatched_files(config.input_snapshot_dir, files, spec, compression=compression)
+
+    chunk_spec = _chunk_spec(spec) if prebatched else None
 
     def parse(serialized):
-        # Vectorized: one ParseExample over the whole batch.
-        parsed = tf.io.parse_example(serialized, spec)
+        if chunk_spec is None:
+            # Vectorized: one ParseExample over the whole batch.
+            parsed = tf.io.parse_example(serialized, spec)
+        else:
+            # A pre-batched record is a whole chunk: each feature's values, flattened.
+            parsed = tf.io.parse_single_example(serialized, chunk_spec)
         return {k: parsed[k] for k in keep}, parsed[label_key]
 
     ds = tf.data.Dataset.from_tensor_slices(files)
-    if training and config.shuffle_files and len(files) > 1 and not cache and not snapshot:
+    if training and config.shuffle_files and len(files) > 1 and not cache:
         # Same seed on every worker: file order only matters within a pipeline's own shard.
         ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if training and not cache and not snapshot:
+    if training and not cache:
         ds = ds.repeat()  # repeat the file list, so each epoch reshuffles the files
-    compression_type = compression or ""
+    compression_type = PREBATCHED_COMPRESSION if prebatched else compression or ""
 
     def records(path):
         reader = tf.data.TFRecordDataset(path, compression_type=compression_type)
         if record_shard:
-            # Every pipeline reads every file and keeps its own records of each, in order.
+            # Every pipeline reads every file and keeps its own records (pre-batched: chunks)
+            # of each, in order.
             reader = reader.shard(n_pipes, pipe_id)
         # Chunks, not records, cross the interleave (cached: one chunk stage less to pay for).
-        return reader if cache else reader.batch(STREAM_CHUNK_ROWS)
+        return reader if cache or prebatched else reader.batch(STREAM_CHUNK_ROWS)
 
     ds = ds.interleave(
         records,
@@ -203,14 +218,6 @@ def make_dataset(
             num_parallel_calls=config.num_parallel_calls or AUTOTUNE,
             deterministic=deterministic,
         )
-        if snapshot:
-            ds = ds.snapshot(
-                snapshot,
-                compression=None,  # parsed floats and ids: snappy costs more than it saves here
-                # One shard, read back in order: the stream is the one that was written.
-                shard_func=lambda *_: tf.constant(0, tf.int64),
-                reader_func=lambda shards: shards.flat_map(lambda shard: shard),
-            ).repeat()
         if training and config.shuffle_buffer_size > 0:
             ds = _shuffled_windows(
                 ds,
@@ -275,37 +282,116 @@ def _cached_epochs(
     return permuted_epochs.rebatch(batch_size, drop_remainder=True)
 
 
-def snapshot_path(
+def _chunk_spec(
+    spec: Mapping[str, tf.io.FixedLenFeature],
+) -> dict[str, tf.io.FixedLenSequenceFeature]:
+    """The parse spec of one pre-batched record: each feature's rows, flattened, one after the
+    other (a chunk of n rows of shape s holds n x prod(s) values)."""
+    return {
+        name: tf.io.FixedLenSequenceFeature(feature.shape, feature.dtype, allow_missing=True)
+        for name, feature in spec.items()
+    }
+
+
+def prebatched_path(
     directory: str,
-    files: Sequence[str],
-    feature_spec: Mapping[str, tf.io.FixedLenFeature],
+    path: str,
+    spec: Mapping[str, tf.io.FixedLenFeature],
     *,
     compression: str | None,
-    shard: tuple[int, int] | None = None,
 ) -> str:
-    """Where the parsed chunks of ``files`` are kept under ``directory``: a folder named by a
-    hash of what decides their content (each file's path, size and modification time, the
-    feature spec, the compression, the chunk size and this pipeline's record shard). New
-    Transform output, a changed file or another spec get a folder of their own."""
-    identity = []
-    for path in sorted(files):
-        stat = tf.io.gfile.stat(path)
-        identity.append([path, stat.length, stat.mtime_nsec])
-    spec = {
-        name: [feature.dtype.name, list(feature.shape)]
-        for name, feature in sorted(feature_spec.items())
-    }
+    """Where the pre-batched copy of the TFRecord file ``path`` is kept under ``directory``: a
+    file named by a hash of what decides its content (the file's path, size and modification
+    time, the parsed features' names, types and shapes, the source compression and the chunk
+    size). New Transform output, a changed file or another model's features get a file of
+    their own; nothing is ever overwritten with different content."""
+    stat = tf.io.gfile.stat(path)
     key = json.dumps(
         {
-            "files": identity,
-            "spec": spec,
+            "file": [path, stat.length, stat.mtime_nsec],
+            "spec": {
+                name: [feature.dtype.name, list(feature.shape)]
+                for name, feature in sorted(spec.items())
+            },
             "compression": compression or "",
             "chunk_rows": STREAM_CHUNK_ROWS,
-            "shard": list(shard) if shard else None,
         },
         sort_keys=True,
     )
-    return os.path.join(directory, "chunks-" + hashlib.sha256(key.encode()).hexdigest()[:16])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    stem = os.path.basename(path).split(".")[0]
+    return os.path.join(directory, f"{stem}-{digest}.prebatched.gz")
+
+
+def _chunk_example(chunk: Mapping[str, Any]) -> bytes:
+    """One parsed chunk (name -> array of n rows) as one tf.Example: each feature's values of
+    all n rows, flattened in row order."""
+    features = {}
+    for name, values in chunk.items():
+        flat = values.reshape(-1)
+        if flat.dtype.kind == "f":
+            features[name] = tf.train.Feature(float_list=tf.train.FloatList(value=flat))
+        elif flat.dtype.kind in "iu":
+            features[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=flat))
+        else:
+            features[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=list(flat)))
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def _write_prebatched(
+    source: str, target: str, spec: Mapping[str, tf.io.FixedLenFeature], compression: str | None
+) -> int:
+    """Reads ``source`` once (chunks of ``STREAM_CHUNK_ROWS`` records, parsed with ``spec``)
+    and writes one record per chunk to ``target``, through a temporary name renamed at the end:
+    a killed write leaves no file a reader would take. Returns the rows written."""
+    chunks = (
+        tf.data.TFRecordDataset(source, compression_type=compression or "")
+        .batch(STREAM_CHUNK_ROWS)
+        .map(lambda s: tf.io.parse_example(s, spec), num_parallel_calls=AUTOTUNE)
+        .prefetch(AUTOTUNE)
+    )
+    temporary = f"{target}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    rows = 0
+    try:
+        options = tf.io.TFRecordOptions(compression_type=PREBATCHED_COMPRESSION)
+        with tf.io.TFRecordWriter(temporary, options) as writer:
+            for chunk in chunks.as_numpy_iterator():
+                writer.write(_chunk_example(chunk))
+                rows += len(next(iter(chunk.values())))
+        tf.io.gfile.rename(temporary, target, overwrite=True)
+    except BaseException:
+        if tf.io.gfile.exists(temporary):
+            tf.io.gfile.remove(temporary)
+        raise
+    return rows
+
+
+def prebatched_files(
+    directory: str,
+    files: Sequence[str],
+    spec: Mapping[str, tf.io.FixedLenFeature],
+    *,
+    compression: str | None,
+) -> list[str]:
+    """The pre-batched copies of ``files`` under ``directory``, in the same order; the missing
+    ones are written first (one read and parse of their files, several at once). Later epochs
+    and later runs on the same Transform output read one record per ``STREAM_CHUNK_ROWS`` rows."""
+    tf.io.gfile.makedirs(directory)
+    targets = [prebatched_path(directory, f, spec, compression=compression) for f in files]
+    missing = [(f, t) for f, t in zip(files, targets, strict=True) if not tf.io.gfile.exists(t)]
+    if missing:
+        started = time.monotonic()
+        _log.info("writing pre-batched copies of %d input file(s) to %s", len(missing), directory)
+        workers = max(1, min(len(missing), os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers, thread_name_prefix="prebatch") as pool:
+            rows = sum(pool.map(lambda ft: _write_prebatched(*ft, spec, compression), missing))
+        _log.info(
+            "wrote pre-batched copies of %d file(s), %d rows, in %.1f s",
+            len(missing),
+            rows,
+            time.monotonic() - started,
+        )
+    return targets
 
 
 def _shuffled_windows(

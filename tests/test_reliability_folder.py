@@ -15,7 +15,9 @@ import pytest
 from fullthrottle.core.disk import (
     BYTES_PER_INPUT_BYTE,
     DiskSpaceError,
+    FolderNotWritableError,
     bytes_needed,
+    check_copies_folder,
     check_free_space,
     input_bytes,
 )
@@ -100,6 +102,34 @@ def test_too_little_free_space_is_refused_naming_folder_and_bytes(tmp_path):
     data = tmp_path / "in.csv"
     data.write_bytes(b"x" * 1234)
     assert input_bytes([str(data), str(tmp_path / "missing")]) == 1234
+
+
+def test_the_pre_batched_copies_folder_is_checked_before_the_run(tmp_path, capsys):
+    """`training.input_snapshot_dir`: created when missing; a folder that cannot be made (here
+    below a file: root ignores permission bits) or a disk without room for the copies is
+    refused by `fullthrottle run` before any component, naming the setting and the folder."""
+    from fullthrottle.cli import main
+
+    setting = "training.input_snapshot_dir"
+    folder = tmp_path / "new" / "copies"
+    check_copies_folder(str(folder), input_size=1000, setting=setting)
+    assert folder.is_dir() and not list(folder.iterdir())  # the probe file is gone
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    with pytest.raises(FolderNotWritableError) as refused:
+        check_copies_folder(str(blocker / "copies"), input_size=1000, setting=setting)
+    assert setting in str(refused.value) and str(blocker / "copies") in str(refused.value)
+    with pytest.raises(DiskSpaceError, match=setting):
+        check_copies_folder(str(folder), input_size=2**62, setting=setting)
+    check_copies_folder("gs://bucket/copies", input_size=2**62, setting=setting)  # not checked
+
+    output = tmp_path / "runs"
+    code = main(["run", "--output-dir", str(output), "--set", f"{setting}={blocker / 'copies'}"])
+    message = " ".join(capsys.readouterr().err.split())
+    assert code == 2, message
+    assert f"`{setting}` is" in message and "Nothing was written" in message
+    assert "Traceback" not in message
+    assert not (output / "pipeline_root").exists() and not (output / "metadata").exists()
 
 
 def test_the_resume_command_repeats_the_run_without_its_secrets():

@@ -76,13 +76,20 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def _run_locked(config: Config, *, command: str) -> int:
-    from fullthrottle.core.disk import check_free_space, input_bytes
+    from fullthrottle.core.disk import check_copies_folder, check_free_space, input_bytes
     from fullthrottle.core.staging import prepare_data
 
     # Bad data stops here, before any component runs, and before TFX, Beam and MLflow are
     # imported (seconds on a loaded machine).
     prepared = prepare_data(config)
-    check_free_space(config.output_path, input_size=input_bytes(prepared.source_files))
+    size = input_bytes(prepared.source_files)
+    check_free_space(config.output_path, input_size=size)
+    if config.training.input_snapshot_dir:
+        check_copies_folder(
+            config.training.input_snapshot_dir,
+            input_size=size,
+            setting="training.input_snapshot_dir",
+        )
 
     from fullthrottle.outcome import read_latest_run
     from fullthrottle.progress import PipelineProgress

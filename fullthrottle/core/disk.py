@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -57,3 +58,37 @@ def check_free_space(output_dir: Path, *, input_size: int) -> int:
             "another --output-dir. Nothing was written by this run."
         )
     return free
+
+
+class FolderNotWritableError(FullthrottleError, OSError):
+    """A folder the run is configured to write to cannot be written."""
+
+
+def check_copies_folder(folder: str, *, input_size: int, setting: str) -> None:
+    """The folder for pre-batched copies of the training files (``setting``): created if
+    missing, written to once (a probe file, removed), and with room for about the input's size
+    (the copies take about half the transformed records, which take about the input's). Refused
+    with what to do; remote folders are not checked."""
+    if "://" in folder:
+        return
+    path = Path(folder).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".fullthrottle-probe-") as probe:
+            probe.write(b"probe")
+            probe.flush()
+    except OSError as exc:
+        raise FolderNotWritableError(
+            f"`{setting}` is {folder!r}, which cannot be written: "
+            f"{exc.strerror or type(exc).__name__}"
+            f"{f' ({exc.filename})' if exc.filename else ''}. Set it to a folder this user can "
+            "create and write, or remove it to read the records directly. Nothing was written "
+            "by this run."
+        ) from None
+    free = shutil.disk_usage(path).free
+    if free < input_size:
+        raise DiskSpaceError(
+            f"not enough free space for the pre-batched copies in {os.fspath(path)} (`{setting}`): "
+            f"{free:,} bytes free, about {input_size:,} needed. Free some space, choose another "
+            "folder, or remove the setting. Nothing was written by this run."
+        )

@@ -435,6 +435,42 @@ def test_pre_batched_copies_are_written_once_and_replay_the_record_stream(
         TrainingConfig(input_snapshot_dir="")
 
 
+@pytest.mark.parametrize("files", [1, 4])
+def test_pre_batched_copies_split_between_input_pipelines(tmp_path, monkeypatch, files):
+    """Two input pipelines (two workers) on pre-batched copies: by file when there are files
+    enough, else every other chunk of each file; either way each row goes to exactly one."""
+    from tests.training_data import write_records
+    from trainer_module.training import inputs as inputs_module
+    from trainer_module.training import make_dataset
+
+    monkeypatch.setattr(inputs_module, "STREAM_CHUNK_ROWS", 16)
+    inputs = tabular_inputs()
+    paths = write_records(tmp_path / "d", inputs, files=files, per_file=96 // files)
+    spec = feature_spec(inputs)
+    config = TrainingConfig(
+        cache=False,
+        shuffle_buffer_size=0,
+        interleave_cycle_length=2,
+        input_snapshot_dir=str(tmp_path / "copies"),
+    )
+    seen = []
+    for pipeline in (0, 1):
+        ds = make_dataset(
+            paths,
+            spec,
+            inputs,
+            config,
+            batch_size=8,
+            training=True,
+            input_context=tf.distribute.InputContext(2, pipeline, 2),
+        )
+        # Half the rows per pipeline (48), two passes of them: the files are read two at a
+        # time, so a third pass never starts before the first has been delivered.
+        seen.append(set(np.concatenate([f["x0"].numpy() for f, _ in ds.take(12)])))
+    assert len(seen[0]) == len(seen[1]) == 48
+    assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == 96
+
+
 def test_cached_batches_are_sliced_by_get_next_with_the_next_permutation_prefetched(tmp_path):
     """Cached input has no final prefetch (a thread handing over slices of memory trained the
     tabular model at 0.94-0.96x); the next element's permutation is prefetched ahead of ``rebatch``.

@@ -61,9 +61,9 @@ HANDOFF_WAIT_SECONDS = 1e-4
 # Used to say how many input cores a run needs when the run gives no measurement of its own.
 READER_EXAMPLES_PER_CORE_SECOND = 250_000
 # The same reader on pre-batched copies (`input_snapshot_dir`), as the benchmark's "reader on
-# pre-batched copies" row measured it (~1.1M on a 2-core CPU; docs/performance.md, "Input
+# pre-batched copies" row measured it (0.83-1.1M on a 2-core CPU; docs/performance.md, "Input
 # cores per GPU"): the read and parse are one op per 1,024 rows, the shuffle and cut remain.
-PREBATCHED_EXAMPLES_PER_CORE_SECOND = 1_000_000
+PREBATCHED_EXAMPLES_PER_CORE_SECOND = 800_000
 # The run's host work between loops is called the limit when it is at least this share of the
 # training time and more than the input wait.
 HOST_LIMIT_SHARE = 0.10

@@ -7,10 +7,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
+import pytest
 import tensorflow as tf
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,6 +76,61 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+class CliProcess:
+    """`fullthrottle ARGS` started in its own session (a process group, so a signal or a kill
+    reaches every child), from ``code`` (a copy of the project, see :func:`snapshot_code`); a
+    thread collects its output lines (stdout and stderr) and when each was read."""
+
+    def __init__(self, *args: str, code: Path = REPO, env: dict | None = None) -> None:
+        full_env = dict(os.environ)
+        full_env["PYTHONPATH"] = str(code) + os.pathsep + full_env.get("PYTHONPATH", "")
+        full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        full_env.update(env or {})
+        self.lines: list[str] = []
+        self.times: list[float] = []  # when each line was read (monotonic)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fullthrottle", *args],
+            cwd=code,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.times.append(time.monotonic())
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.lines[-n:])
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)  # pgid == pid: start_new_session=True
+        self.proc.wait(timeout=60)
+        self._reader.join(timeout=10)
+
+    def finish(self, timeout: float) -> int:
+        """Waits for the exit; kills the process group and fails the test after ``timeout`` s."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"the run did not end in {timeout} s:\n{self.tail()}")
+        self._reader.join(timeout=10)
+        return self.proc.returncode
 
 
 def last_run(output_dir: Path) -> dict:

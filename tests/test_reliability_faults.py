@@ -41,6 +41,7 @@ from fullthrottle.progress import read_component_states
 from serving.push import version_dirs
 from tests.helpers import (
     REPO,
+    CliProcess,
     committed_checkpoint_step,
     eval_split_examples,
     last_run,
@@ -75,47 +76,22 @@ PHASE_TIMEOUT_SECONDS = 420
 _RESUMED = re.compile(r"\[trainer\] start step (\d+)/(\d+)")
 
 
-class PipelineProcess:
-    """One `fullthrottle run` in its own session; its output lines are collected by a thread."""
+class PipelineProcess(CliProcess):
+    """One `fullthrottle run` of the campaign on ``output_dir``."""
 
     def __init__(self, output_dir: Path, code: Path) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(code) + os.pathsep + env.get("PYTHONPATH", "")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         # A SIGKILLed run cannot remove its scratch folder: keep it in the test's tmp.
         temp = output_dir.with_name(f"{output_dir.name}-tmp")
         temp.mkdir(parents=True, exist_ok=True)
-        env["TMPDIR"] = str(temp)
-        self.lines: list[str] = []
-        self.mlmd_states: dict[str, str] = {}  # after a kill: this run's components in MLMD
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fullthrottle",
-                "run",
-                "--output-dir",
-                str(output_dir),
-                *RUN_ARGS,
-            ],
-            cwd=code,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,  # its own process group: the kill takes every child with it
+        super().__init__(
+            "run",
+            "--output-dir",
+            str(output_dir),
+            *RUN_ARGS,
+            code=code,
+            env={"TMPDIR": str(temp)},
         )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def tail(self, n: int = 60) -> str:
-        return "\n".join(self.lines[-n:])
+        self.mlmd_states: dict[str, str] = {}  # after a kill: this run's components in MLMD
 
     def wait_for(self, condition, *, what: str, poll: float = 0.005) -> None:
         """Polls `condition()` until true; fails if the process ends first or the time runs out."""
@@ -131,19 +107,8 @@ class PipelineProcess:
                 pytest.fail(f"timed out waiting for {what}:\n{self.tail()}")
             time.sleep(poll)
 
-    def kill(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGKILL)  # pgid == pid: start_new_session=True
-        self.proc.wait(timeout=60)
-        self._reader.join(timeout=10)
-
-    def finish(self) -> int:
-        try:
-            self.proc.wait(timeout=PHASE_TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"the run did not finish in {PHASE_TIMEOUT_SECONDS} s:\n{self.tail()}")
-        self._reader.join(timeout=10)
-        return self.proc.returncode
+    def finish(self, timeout: float = PHASE_TIMEOUT_SECONDS) -> int:
+        return super().finish(timeout)
 
     def component_states(self) -> dict[str, str]:
         """States of this run's components in ML Metadata (`[pipeline]` lines, exit or kill aside)."""

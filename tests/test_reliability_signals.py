@@ -23,16 +23,13 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import committed_checkpoint_step, last_run, snapshot_code
+from tests.helpers import CliProcess, committed_checkpoint_step, last_run, snapshot_code
 
 pytestmark = [
     pytest.mark.slow,
@@ -58,46 +55,11 @@ _START = re.compile(r"\[trainer\] start step (\d+)/(\d+)")
 _STOPPED = re.compile(r"interrupted by (SIG\w+) during Trainer at step (\d+)")
 
 
-class Run:
-    """One `fullthrottle run` in its own session (a process group); output read by a thread."""
+class Run(CliProcess):
+    """One `fullthrottle run` of the campaign on ``output_dir``."""
 
     def __init__(self, output_dir: Path, code: Path) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = str(code) + os.pathsep + env.get("PYTHONPATH", "")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        self.lines: list[str] = []
-        self.times: list[float] = []  # when each line was read (monotonic)
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fullthrottle",
-                "run",
-                "--output-dir",
-                str(output_dir),
-                *RUN_ARGS,
-            ],
-            cwd=code,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.times.append(time.monotonic())
-            self.lines.append(line.rstrip("\n"))
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
+        super().__init__("run", "--output-dir", str(output_dir), *RUN_ARGS, code=code)
 
     def wait_for(self, pattern: str, *, poll: float = 0.02) -> re.Match:
         deadline = time.monotonic() + TIMEOUT_SECONDS
@@ -111,7 +73,7 @@ class Run:
                     f"the run ended ({self.proc.returncode}) before {pattern!r}:\n{self.text[-5000:]}"
                 )
             if time.monotonic() > deadline:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.kill()
                 pytest.fail(f"timed out waiting for {pattern!r}:\n{self.text[-5000:]}")
             time.sleep(poll)
 
@@ -137,14 +99,8 @@ class Run:
         )
         return stopped, exited
 
-    def finish(self) -> int:
-        try:
-            self.proc.wait(timeout=TIMEOUT_SECONDS)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            pytest.fail(f"the run did not end in {TIMEOUT_SECONDS} s:\n{self.text[-5000:]}")
-        self._reader.join(timeout=10)
-        return self.proc.returncode
+    def finish(self, timeout: float = TIMEOUT_SECONDS) -> int:
+        return super().finish(timeout)
 
 
 @dataclass

@@ -52,12 +52,19 @@ def _serve_and_ask(command: list[str], port: int, path: str) -> tuple[dict, list
                 time.sleep(0.5)
         assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
         assert answer is not None, f"{command[0]} did not answer within 120 s"
-        listening = [
-            c.laddr
-            for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-            for c in p.connections(kind="tcp")  # psutil in the lock predates net_connections
-            if c.status == psutil.CONN_LISTEN and c.laddr.port == port
-        ]
+        listening = []
+        for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]:
+            try:
+                connections = p.connections(
+                    kind="tcp"
+                )  # the lock's psutil predates net_connections
+            except psutil.NoSuchProcess:
+                continue  # a short-lived child (the server starts helpers) ended meanwhile
+            listening += [
+                c.laddr
+                for c in connections
+                if c.status == psutil.CONN_LISTEN and c.laddr.port == port
+            ]
         return answer, listening
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -215,7 +215,7 @@ def DataGate(  # noqa: N802 - TFX names the component (and its node id) after th
     """Fails with `DataGateError` when there are anomalies or cells that need a decision
     (`data_spec`: the `DataSpec` as JSON; `input_base`: what ExampleGen read); otherwise
     passes the schema on."""
-    from fullthrottle.core.features import data_spec_from_custom_config
+    from fullthrottle.core.config import data_spec_from_custom_config
 
     split_names = json.loads(anomalies.split_names or "[]")
     found = read_anomalies(anomalies.uri, split_names)

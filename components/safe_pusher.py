@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any
+from typing import Any, override
 
 import tensorflow as tf
 from tfx.dsl.components.base import base_component, base_executor, executor_spec
@@ -98,12 +98,13 @@ def _read_bytes(path: str) -> bytes:
 
 
 class Executor(base_executor.BaseExecutor):
+    @override
     def Do(
         self,
         input_dict: dict[str, list[Any]],
         output_dict: dict[str, list[Any]],
         exec_properties: dict[str, Any],
-    ) -> None:  # noqa: N802 - TFX's name
+    ) -> None:
         pushed = artifact_utils.get_single_instance(output_dict["pushed_model"])
         blessings = input_dict.get("model_blessing") or []
         # The Cond around this component already checks the blessing; checking again here means

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, override
 
 from tfx import v1 as tfx
 from tfx.components.trainer import executor as trainer_executor
@@ -123,6 +123,7 @@ def worker_args(
 class WorkerExecutor(trainer_executor.GenericExecutor):
     """GenericExecutor on one TFJob replica: every replica trains, only the chief must export."""
 
+    @override
     def Do(
         self,
         input_dict: dict[str, list[Any]],
@@ -143,6 +144,7 @@ class WorkerExecutor(trainer_executor.GenericExecutor):
 class TFJobExecutor(base_executor.BaseExecutor):
     """Runs the Trainer as a TFJob and waits for it (see the module docstring)."""
 
+    @override
     def Do(
         self,
         input_dict: dict[str, list[Any]],

@@ -62,7 +62,7 @@ async def _answer(context: grpc.aio.ServicerContext, call: Awaitable[Any]) -> An
         return response
     except StatusError as exc:
         await context.abort(grpc.StatusCode[exc.code], exc.message)
-    except Exception:  # noqa: BLE001 - a server fault: logged with its trace, answered INTERNAL
+    except Exception:
         log.exception("internal error answering a gRPC call")
         await context.abort(grpc.StatusCode.INTERNAL, "internal error; see the server log")
 
@@ -196,9 +196,9 @@ class ModelService:
         except StatusError as exc:
             await context.abort(grpc.StatusCode[exc.code], exc.message)
 
-    async def HandleReloadConfigRequest(
+    async def HandleReloadConfigRequest(  # noqa: N802 - gRPC method name
         self, request: Any, context: grpc.aio.ServicerContext
-    ) -> Any:  # noqa: N802
+    ) -> Any:
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED,
             "fullthrottle serve reads no model config; labels come from serving.version_labels "

@@ -202,7 +202,7 @@ def replay_warmup(model_dir: str, records: Sequence[bytes], *, loaded: Any = Non
         try:
             # Keyed as TF Serving keys them (the SignatureDef's names); the call maps them.
             outputs = call_signature(loaded, signature, inputs)
-        except Exception as exc:  # noqa: BLE001 - re-raised as a refusal naming the record
+        except Exception as exc:
             raise PushError(
                 f"the staged model failed warmup record {index} ({request.model_spec.signature_name}): "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}; nothing was pushed"

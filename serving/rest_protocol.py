@@ -129,14 +129,14 @@ _RAPIDJSON_MESSAGES = {
 }
 
 
-class _NumberTooBig(ValueError):
+class _NumberTooBigError(ValueError):
     pass
 
 
 def _parse_float(text: str) -> float:
     value = float(text)
     if math.isinf(value):  # 1e999: RapidJSON refuses it; NaN/Infinity literals are not floats here
-        raise _NumberTooBig(text[:40])
+        raise _NumberTooBigError(text[:40])
     return value
 
 
@@ -164,7 +164,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         offset = len(text[: exc.pos].encode("utf-8", "surrogateescape"))
         message = _RAPIDJSON_MESSAGES.get(exc.msg, exc.msg)
         raise invalid_argument(f"JSON Parse error: {message} at offset: {offset}") from None
-    except _NumberTooBig as exc:
+    except _NumberTooBigError as exc:
         raise invalid_argument(
             f"JSON Parse error: Number too big to be stored in double. ({exc})"
         ) from None

@@ -72,7 +72,7 @@ class Call:
     work: Callable[[servables.LoadedVersion], Any]
 
 
-class RequestTooLarge(Exception):
+class RequestTooLargeError(Exception):
     pass
 
 
@@ -104,7 +104,7 @@ class BodySizeLimit:
             message = await receive()
             received += len(message.get("body", b""))
             if received > self.max_bytes:  # chunked bodies declare no length
-                raise RequestTooLarge(self._message(received))
+                raise RequestTooLargeError(self._message(received))
             return message
 
         await self.app(scope, limited_receive, send)
@@ -275,9 +275,9 @@ def install_tf_serving_routes(
             raise invalid_argument(f"Malformed request: {request.method} {path}")
         except StatusError as exc:
             return _error_response(exc)
-        except RequestTooLarge as exc:
+        except RequestTooLargeError as exc:
             return _json_response(413, {"error": str(exc)})
-        except Exception:  # noqa: BLE001 - a server fault: logged with its trace, answered 500
+        except Exception:
             log.exception("internal error answering %s %s", request.method, path)
             return _json_response(
                 500, {"error": f"internal error answering {request.method} {path}"}

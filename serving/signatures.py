@@ -210,7 +210,7 @@ def raw_inputs_from_examples(
     for record in serialized:
         features = tf.train.Example.FromString(record).features.feature
         for name, spec in input_specs.items():
-            feature = features[name] if name in features else None
+            feature = features.get(name)
             values = _feature_values(feature)
             if spec.dtype == tf.string:
                 value = values[0] if values else b""

@@ -269,8 +269,8 @@ def test_links_in_the_docs_resolve(path):
             continue  # https:, mailto: ...
         file, _, anchor = target.partition("#")
         linked = (path.parent / file).resolve() if file else path
-        if not linked.exists():
-            broken.append(target)
-        elif anchor and linked.suffix == ".md" and anchor not in _anchors(linked):
+        if not linked.exists() or (
+            anchor and linked.suffix == ".md" and anchor not in _anchors(linked)
+        ):
             broken.append(target)
     assert not broken, f"{path.name}: links to nothing: {broken}"

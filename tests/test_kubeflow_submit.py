@@ -38,7 +38,7 @@ def _closed_port() -> int:
 @pytest.fixture
 def refusing_endpoint():
     class NotKFP(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the http.server API
+        def do_GET(self):
             self.send_error(404, "no such API here")
 
         do_POST = do_GET  # noqa: N815

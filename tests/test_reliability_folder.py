@@ -54,9 +54,11 @@ def test_a_second_holder_is_refused_with_the_holders_name_until_it_dies(tmp_path
     folder = tmp_path / "out"
     proc = _holder(folder)
     try:
-        with pytest.raises(RunLockedError) as refused:
-            with hold_run_lock(folder, command="fullthrottle run"):
-                pass
+        with (
+            pytest.raises(RunLockedError) as refused,
+            hold_run_lock(folder, command="fullthrottle run"),
+        ):
+            pass
         message = str(refused.value)
         assert f"pid {proc.pid}" in message
         assert "fullthrottle run --holder" in message
@@ -72,9 +74,8 @@ def test_a_second_holder_is_refused_with_the_holders_name_until_it_dies(tmp_path
 
 
 def test_the_lock_is_released_when_the_block_raises(tmp_path):
-    with pytest.raises(KeyboardInterrupt):
-        with hold_run_lock(tmp_path, command="a"):
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), hold_run_lock(tmp_path, command="a"):
+        raise KeyboardInterrupt
     with hold_run_lock(tmp_path, command="b"):
         pass
 
@@ -82,9 +83,11 @@ def test_the_lock_is_released_when_the_block_raises(tmp_path):
 def test_an_output_folder_that_is_a_file_is_named(tmp_path):
     folder = tmp_path / "taken"
     folder.write_text("not a folder")
-    with pytest.raises(FullthrottleError, match="cannot create the output folder") as refused:
-        with hold_run_lock(folder, command="a"):
-            pass
+    with (
+        pytest.raises(FullthrottleError, match="cannot create the output folder") as refused,
+        hold_run_lock(folder, command="a"),
+    ):
+        pass
     assert str(folder) in str(refused.value)
 
 

@@ -58,7 +58,7 @@ def _start_cli(*args: str, uri: str, log: Path) -> subprocess.Popen:
         [sys.executable, "-m", "fullthrottle", *args],
         cwd=REPO,
         env={**_cli_env(uri), "TMPDIR": str(temp)},
-        stdout=open(log, "w"),  # noqa: SIM115 - the child owns it
+        stdout=open(log, "w"),
         stderr=subprocess.STDOUT,
         text=True,
     )

@@ -58,8 +58,7 @@ def _expand(patterns: list[str]) -> list[str]:
 
 def run_fn(fn_args: Any) -> None:
     """Called by TFX's Trainer (GenericExecutor)."""
-    from fullthrottle.core.config import validate_section
-    from fullthrottle.core.features import data_spec_from_custom_config
+    from fullthrottle.core.config import data_spec_from_custom_config, validate_section
 
     custom = fn_args.custom_config or {}
     spec = data_spec_from_custom_config(custom)

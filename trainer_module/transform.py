@@ -21,10 +21,10 @@ from typing import Any
 import tensorflow as tf
 import tensorflow_transform as tft
 
+from fullthrottle.core.config import data_spec_from_custom_config
 from fullthrottle.core.features import (
     LABEL_VOCAB,
     NUM_OOV_BUCKETS,
-    data_spec_from_custom_config,
     transformed_name,
     vocab_name,
 )

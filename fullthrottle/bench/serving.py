@@ -78,7 +78,9 @@ def start_server(
     # The server's output goes to an unnamed temporary file, never to a pipe: a pipe nobody reads
     # fills up (64 KiB) and the server then blocks in its next log write, on the event loop
     # thread, so every request hangs (seen as hot swaps that never finished).
-    log_file = tempfile.TemporaryFile(mode="w+", encoding="utf-8", errors="replace")
+    log_file = tempfile.TemporaryFile(  # noqa: SIM115 - closed when the server is stopped
+        mode="w+", encoding="utf-8", errors="replace"
+    )
     process = subprocess.Popen(
         command, cwd=REPO, env=env, stdout=log_file, stderr=subprocess.STDOUT, text=True
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import csv
 import json
 import re
@@ -311,10 +312,8 @@ def predict_rest(url: str, body: dict[str, Any], *, timeout: float) -> dict[str,
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode("utf-8", "replace")
-        try:
+        with contextlib.suppress(json.JSONDecodeError, AttributeError):
             detail = json.loads(detail).get("error", detail)
-        except (json.JSONDecodeError, AttributeError):
-            pass
         raise ServingError(f"the server at {url} answered {exc.code}: {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)

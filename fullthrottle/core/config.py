@@ -56,13 +56,13 @@ def _section[T](cls: type[T]) -> type[T]:
     validate = section.__init__
 
     @functools.wraps(validate)
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def checked_init(self, *args: Any, **kwargs: Any) -> None:
         try:
             validate(self, *args, **kwargs)
         except ValidationError as exc:
             raise config_error(exc, section) from None
 
-    section.__init__ = __init__
+    section.__init__ = checked_init
     return section
 
 
@@ -643,6 +643,13 @@ def validate_section[T](cls: type[T], data: Any, *, where: str = "") -> T:
     return getattr(built, where) if where else built
 
 
+def data_spec_from_custom_config(custom_config: Mapping[str, Any] | None) -> DataSpec:
+    """Rebuilds the validated `DataSpec` that the pipeline put into a component's custom_config."""
+    if not custom_config or "data" not in custom_config:
+        raise ValueError("custom_config must carry the `data` spec (set by pipelines.pipeline)")
+    return validate_section(DataSpec, custom_config["data"], where="data")
+
+
 def _deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in override.items():
@@ -713,9 +720,10 @@ def load_config(
                     and value
                     and not value.startswith("bundled:")
                     and value != BUNDLED_PENGUINS
+                    and not Path(value).is_absolute()
+                    and "://" not in value
                 ):
-                    if not Path(value).is_absolute() and "://" not in value:
-                        data_section[key] = str((path.parent / value).resolve())
+                    data_section[key] = str((path.parent / value).resolve())
             loaded["data"] = data_section
         data = _deep_merge(data, loaded)
     for text in overrides:

@@ -27,8 +27,9 @@ import hashlib
 import keyword
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+
+from fullthrottle.core.errors import ConfigError
 
 # The label's vocabulary file. Internal names start with a letter, so no feature's vocabulary
 # (`<internal name>_vocab`) can take this name, not even one of a column called "label".
@@ -87,8 +88,6 @@ def check_internal_names(columns: Iterable[tuple[str, str]]) -> dict[str, str]:
     Raises:
         ConfigError: two different columns map to the same internal name.
     """
-    from fullthrottle.core.errors import ConfigError
-
     taken: dict[str, tuple[str, str]] = {}
     mapping: dict[str, str] = {}
     for column, where in columns:
@@ -105,15 +104,6 @@ def check_internal_names(columns: Iterable[tuple[str, str]]) -> dict[str, str]:
         taken[internal.lower()] = (column, where)
         mapping[column] = internal
     return mapping
-
-
-def data_spec_from_custom_config(custom_config: Mapping[str, Any] | None):
-    """Rebuilds the validated `DataSpec` that the pipeline put into a component's custom_config."""
-    from fullthrottle.core.config import DataSpec, validate_section
-
-    if not custom_config or "data" not in custom_config:
-        raise ValueError("custom_config must carry the `data` spec (set by pipelines.pipeline)")
-    return validate_section(DataSpec, custom_config["data"], where="data")
 
 
 def raw_input_keywords(loaded: object) -> dict[str, str]:

@@ -88,7 +88,7 @@ class TracedWriteCheckpoint(tf.train.Checkpoint):
         self._ft_traced = _Traced()
         self.traces = 0  # how many times the save was traced (1 unless the graph changed)
 
-    def _write(self, file_prefix, options=None):  # noqa: ANN001 - TF's signature
+    def _write(self, file_prefix, options=None):
         if not tf.executing_eagerly() or not _only_callbacks(options):
             return super()._write(file_prefix, options)
         key = self._ft_structure_key()

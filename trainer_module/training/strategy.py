@@ -7,6 +7,7 @@ multi-worker TF_CONFIG, and a logical-CPU request TensorFlow can no longer honou
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -75,10 +76,9 @@ def enable_gpu_memory_growth() -> int:
     Returns the number of GPUs. Silently keeps the old setting if TF is already initialised."""
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:
-        try:
+        # Devices already initialised: the setting is fixed now.
+        with contextlib.suppress(RuntimeError):
             tf.config.experimental.set_memory_growth(gpu, True)
-        except RuntimeError:  # devices already initialised: the setting is fixed now
-            pass
     return len(gpus)
 
 
@@ -89,12 +89,11 @@ def logical_cpu_devices(n: int) -> list[str]:
     ``n`` logical CPUs (e.g. the test conftest's two) is accepted and its first ``n`` are used.
     """
     cpus = tf.config.list_physical_devices("CPU")
-    try:
+    # Already initialised: check what exists below.
+    with contextlib.suppress(RuntimeError):
         tf.config.set_logical_device_configuration(
             cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)]
         )
-    except RuntimeError:
-        pass  # already initialised: check what exists below
     logical = tf.config.list_logical_devices("CPU")
     if len(logical) < n:
         raise ConfigError(

@@ -29,13 +29,19 @@ def committed_checkpoint_step(pipeline_root: Path) -> int:
     between the two leaves a `ckpt-N.index` that is not (and must not be) resumed from; counting
     index files would expect a resume from a checkpoint that was never committed."""
     pattern = str(pipeline_root / "Trainer" / "training_state" / "*" / "checkpoints" / "checkpoint")
-    steps = []
-    for state_file in glob.glob(pattern):
-        with open(state_file, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model_checkpoint_path:") and (m := _CKPT.search(line)):
-                    steps.append(int(m.group(1)))
-    return max(steps, default=0)
+    return max((committed_checkpoint_step_in(Path(f)) for f in glob.glob(pattern)), default=0)
+
+
+def committed_checkpoint_step_in(state_file: Path) -> int:
+    """The step that one checkpoint folder's state file names (0 when it names none)."""
+    try:
+        text = state_file.read_text(encoding="utf-8")
+    except FileNotFoundError:  # moved aside or removed between the listing and the read
+        return 0
+    for line in text.splitlines():
+        if line.startswith("model_checkpoint_path:") and (m := _CKPT.search(line)):
+            return int(m.group(1))
+    return 0
 
 
 def snapshot_code(target: Path) -> Path:

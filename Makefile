@@ -6,6 +6,9 @@ LOCK_TARGET := --python-version 3.13 --python-platform x86_64-manylinux_2_39
 
 .PHONY: run test test-fast test-external bench gpu-check lint lock env
 
+# The command learns it was started as `make TARGET ARGS=...` (to print how to run it again).
+run bench gpu-check: export FULLTHROTTLE_MAKE_TARGET = $@
+
 run:  ## the main job: the whole pipeline on the bundled Palmer Penguins data
 	$(ENVRUN) fullthrottle run $(ARGS)
 

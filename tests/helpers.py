@@ -65,13 +65,20 @@ def snapshot_code(target: Path) -> Path:
     return target
 
 
+def user_environment(*, code: Path) -> dict[str, str]:
+    """This process's environment without the TensorFlow log level tests/conftest.py sets (the
+    CLI chooses its own), with ``code`` (the project) on the Python path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP_")}
+    env["PYTHONPATH"] = str(code) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Runs `fullthrottle ARGS` in a fresh Python process (the console script's entry point)."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    """Runs `fullthrottle ARGS` in a fresh Python process (the console script's entry point),
+    with the environment a user has (not this test process's TensorFlow log level)."""
+    full_env = user_environment(code=REPO)
     if env:
         full_env.update(env)
     return subprocess.run(
@@ -90,9 +97,7 @@ class CliProcess:
     thread collects its output lines (stdout and stderr) and when each was read."""
 
     def __init__(self, *args: str, code: Path = REPO, env: dict | None = None) -> None:
-        full_env = dict(os.environ)
-        full_env["PYTHONPATH"] = str(code) + os.pathsep + full_env.get("PYTHONPATH", "")
-        full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        full_env = user_environment(code=code)
         full_env.update(env or {})
         self.lines: list[str] = []
         self.times: list[float] = []  # when each line was read (monotonic)

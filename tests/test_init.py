@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from tests.own_data import (
     own_data_run,
     write_own_data_csv,
 )
+from trainer_module.training.config import TrainingConfig
 
 
 @pytest.fixture(scope="module")
@@ -257,3 +259,45 @@ def test_init_reads_a_tfrecord_folder(tmp_path, capsys):
     config = load_config(out)
     assert config.data.numeric == ("size",) and config.data.categorical == ("color",)
     assert json.dumps(loaded)  # plain data, nothing YAML-specific
+
+
+def test_the_command_init_prints_trains_where_bin_envrun_shows_data_only_when_named(
+    tmp_path, capsys, monkeypatch
+):
+    """In bin/envrun's userland a host folder under one of the userland's own (/var/lib/x) is
+    shown only to a command whose arguments name it. init, started that way, prints the command
+    as the user types it, naming the data again; the config file alone would leave it hidden."""
+    from fullthrottle.cli import build_parser
+    from fullthrottle.commands.options import config_from_args
+    from fullthrottle.core.paths import hidden_reason
+
+    named = tmp_path / "var-lib" / "shop"
+    named.mkdir(parents=True)
+    data = named / "d.csv"
+    data.write_text("x,y\n1,a\n2,b\n3,a\n4,b\n", encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    # What `bin/envrun fullthrottle init --data <data> ...` run in `work` sets.
+    monkeypatch.setenv("FULLTHROTTLE_HOST_PATHS", f"{work}:{named}")
+    monkeypatch.setenv("FULLTHROTTLE_NAMED_PATHS", str(named))
+    monkeypatch.setenv("FULLTHROTTLE_ENVRUN", "bin/envrun")
+    monkeypatch.setenv("FULLTHROTTLE_ENVRUN_COMMAND_PID", str(os.getpid()))
+    code, message = _init(capsys, "--data", str(data), "--label", "y", "--output", "c.yaml")
+    assert code == 0, message
+    command = f"bin/envrun fullthrottle run --config c.yaml --data {data}"
+    assert message.endswith(f"then train: {command}"), message
+    assert f"#   fullthrottle run --config c.yaml --data {data}\n" in (work / "c.yaml").read_text()
+    # That command names the data, so envrun shows its folder, and the config it builds reads it.
+    config = config_from_args(build_parser().parse_args(command.split()[2:]))
+    assert Path(config.data.path) == data and hidden_reason(config.data.path) is None
+    # `run --config c.yaml` alone: envrun shows the working folder only, and the data is hidden.
+    monkeypatch.setenv("FULLTHROTTLE_HOST_PATHS", str(work))
+    monkeypatch.delenv("FULLTHROTTLE_NAMED_PATHS")
+    assert hidden_reason(load_config(work / "c.yaml").data.path) is not None
+    # Data in a folder envrun always shows: the plain command.
+    (work / "d.csv").write_text(data.read_text(encoding="utf-8"), encoding="utf-8")
+    code, message = _init(capsys, "--data", "d.csv", "--label", "y", "--output", "e.yaml")
+    assert code == 0 and message.endswith("then train: bin/envrun fullthrottle run --config e.yaml")
+    # The steps init writes are the config's own default.
+    assert load_config(work / "e.yaml").training.train_steps == TrainingConfig().train_steps

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from fullthrottle.core import exit_status
 from fullthrottle.core.errors import ConfigError
 
 
@@ -94,4 +95,4 @@ def run(args: argparse.Namespace) -> int:
     failed = [name for name, part in document["results"].items() if "error" in part]
     if failed and document["work_dir"]:
         print(f"work folder (runs, data, logs of the failed benchmarks): {document['work_dir']}")
-    return 1 if failed else 0
+    return exit_status.FINDINGS if failed else exit_status.SUCCESS

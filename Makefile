@@ -12,11 +12,16 @@ run bench gpu-check: export FULLTHROTTLE_MAKE_TARGET = $@
 run:  ## the main job: the whole pipeline on the bundled Palmer Penguins data
 	$(ENVRUN) fullthrottle run $(ARGS)
 
+# Beam's DirectRunner runs a pipeline on one core: a worker per core (at most 4: each holds
+# TensorFlow and its pipelines' memory), one test module per worker so that a module's shared
+# runs are made once (the session's are shared through a lock, tests/helpers.once_per_session).
+XDIST := -n logical --maxprocesses 4 --dist loadscope
+
 test:  ## the test suite: real pipelines, servers and training (checks of outside systems aside)
-	$(ENVRUN) python -m pytest -m "not external" $(PYTEST_ARGS)
+	$(ENVRUN) python -m pytest $(XDIST) -m "not external" $(PYTEST_ARGS)
 
 test-fast:  ## the edit-test loop: every test that runs no whole pipeline (< 3 minutes)
-	$(ENVRUN) python -m pytest -m "not slow and not external" $(PYTEST_ARGS)
+	$(ENVRUN) python -m pytest $(XDIST) -m "not slow and not external" $(PYTEST_ARGS)
 
 test-external:  ## checks of systems outside the project: a fresh venv, the Kubeflow spec's tasks
 	$(ENVRUN) python -m pytest -m external $(PYTEST_ARGS)

@@ -103,6 +103,41 @@ def test_a_lower_is_better_metric_gets_an_upper_bound_and_the_opposite_direction
     assert "worse by 0.2500 (lower is better)" in reason, reason
 
 
+def test_the_reason_names_both_values_and_the_rule_that_decided():
+    rule = BlessingRule.from_config(load_config(overrides=["evaluation.baseline_tolerance=0.02"]))
+    assert rule.bound == 0.8 and rule.worst_change == pytest.approx(-0.02)
+
+    def reason(candidate, baseline, **missed):
+        return explain(
+            rule,
+            candidate=candidate,
+            baseline=baseline,
+            missed_bound=missed.get("bound", False),
+            missed_baseline=missed.get("baseline", False),
+            baseline_is_candidate=missed.get("same", False),
+        )
+
+    assert reason(0.7, None, bound=True) == (
+        f"its {ACCURACY} 0.7000 misses evaluation.accuracy_threshold (at least 0.8); no model of "
+        "this pipeline was blessed before, so there was no baseline"
+    )
+    assert reason(0.89, 0.9).endswith(
+        "the latest blessed model's is 0.9000: the new model is worse by 0.0100, within "
+        "evaluation.baseline_tolerance (0.02)"
+    )
+    assert reason(0.95, 0.9).endswith(
+        "the latest blessed model's is 0.9000: the new model is no worse"
+    )
+    assert reason(0.95, 0.95, same=True).endswith(
+        "it is itself the latest blessed model of this pipeline"
+    )
+    off = BlessingRule.from_config(load_config(overrides=["evaluation.baseline=none"]))
+    assert off.baseline_tolerance is None and off.worst_change is None
+    assert "(evaluation.baseline: none)" in explain(
+        off, candidate=0.9, baseline=None, missed_bound=False, missed_baseline=False
+    )
+
+
 def test_the_pipeline_resolves_the_latest_blessed_model_for_the_evaluator(tmp_path):
     config = load_config(overrides=[f"output_dir={tmp_path}"])
 

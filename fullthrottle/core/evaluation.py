@@ -69,10 +69,11 @@ class BlessingRule:
     def from_config(cls, config: Config) -> BlessingRule:
         evaluation = config.evaluation
         task = CLASSIFICATION
+        metric = PRIMARY_METRICS[task]
         return cls(
             task=task,
-            metric=PRIMARY_METRICS[task],
-            bound=evaluation.accuracy_threshold,
+            metric=metric,
+            bound=getattr(evaluation, metric.bound_field.removeprefix("evaluation.")),
             baseline_tolerance=(
                 evaluation.baseline_tolerance if evaluation.baseline == LATEST_BLESSED else None
             ),

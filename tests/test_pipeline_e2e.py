@@ -16,8 +16,6 @@ from tests.helpers import (
     label_of,
     last_run,
     leftovers,
-    run_cli,
-    served_dirs,
     strip_label,
 )
 
@@ -99,36 +97,3 @@ def test_a_default_run_leaves_nothing_in_the_temp_folder(penguins_run):
     assert leftovers(Path(result.tmpdir)) == []
     # in_memory is DirectRunner's default: no Beam argument, so TFX does not package itself.
     assert beam_pipeline_args(BeamConfig()) == []
-
-
-def test_second_run_reuses_the_cache(penguins_run):
-    output_dir, _ = penguins_run
-    first = last_run(output_dir)
-    result = run_cli("run", "--output-dir", str(output_dir), "--set", "training.train_steps=300")
-    assert result.returncode == 0, result.stderr[-3000:]
-    second = last_run(output_dir)
-    for component in ("StatisticsGen", "Transform", "Trainer"):
-        assert second["components"][component]["state"] == "cached", (
-            component,
-            second["components"],
-        )
-    assert second["run_id"] != first["run_id"]
-    # The model the first run blessed is now the latest blessed model: the Evaluator gets it as
-    # its baseline (a new input, so it runs once more), finds it no worse than itself, blesses.
-    model = first["evaluation"]["candidate"]["model_uri"]
-    assert second["evaluation"]["candidate"]["model_uri"] == model
-    assert second["evaluation"]["baseline"]["model_uri"] == model
-    assert second["blessed"] is True
-    assert second["pushed_version"] == first["pushed_version"]
-    # Nothing new is pushed when nothing changed.
-    assert len(served_dirs(output_dir / "serving" / "penguins")) == 1
-    # From then on the Evaluator's inputs repeat too: everything is cached.
-    result = run_cli("run", "--output-dir", str(output_dir), "--set", "training.train_steps=300")
-    assert result.returncode == 0, result.stderr[-3000:]
-    third = last_run(output_dir)
-    for component in ("StatisticsGen", "Transform", "Trainer", "Evaluator", "Pusher"):
-        assert third["components"][component]["state"] == "cached", (
-            component,
-            third["components"],
-        )
-    assert len(served_dirs(output_dir / "serving" / "penguins")) == 1

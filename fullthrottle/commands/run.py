@@ -7,21 +7,21 @@ import datetime as dt
 import gc
 import json
 import os
-import shlex
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from fullthrottle.core import exit_status
 from fullthrottle.core.config import Config
 from fullthrottle.core.errors import USER_ERRORS, PipelineFailedError
+from trainer_module.training import metrics
 
 if TYPE_CHECKING:
     from fullthrottle.outcome import RunOutcome
 
 LAST_RUN = "last_run.json"
-EXIT_NOT_BLESSED = 3
 INTERRUPTED = "interrupted"
 
 
@@ -65,14 +65,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    """The command line that started this run (and resumes it), secrets masked: it is printed,
-    and written to the lock file and `last_run.json`."""
+    """The command line that started this run (and resumes it) as the user typed it (behind
+    `bin/envrun` or `make run`), secrets masked: it is printed, and written to the lock file and
+    `last_run.json`."""
+    from fullthrottle.core.launcher import command_as_typed
     from fullthrottle.core.redact import redact_text
 
     argv = getattr(args, "argv", None)
     if argv is None:
         argv = sys.argv[1:]
-    return redact_text(shlex.join(["fullthrottle", *argv]))
+    return redact_text(command_as_typed(argv))
 
 
 def _run_locked(config: Config, *, command: str) -> int:
@@ -153,8 +155,8 @@ def _run_locked(config: Config, *, command: str) -> int:
         print(tracking_message(summary["tracking"]), file=sys.stderr)
     if not summary["blessed"]:
         print(not_blessed_message(config, summary, path), file=sys.stderr)
-        return EXIT_NOT_BLESSED
-    return 0
+        return exit_status.NOT_BLESSED
+    return exit_status.SUCCESS
 
 
 def interrupted_record(
@@ -162,12 +164,12 @@ def interrupted_record(
 ) -> dict[str, Any]:
     """`last_run.json`'s `interrupted`: the signal, where it landed, what was saved, how to
     resume, and the exit status."""
-    from trainer_module.training.interrupt import exit_status, signal_name
+    from trainer_module.training.interrupt import signal_name
 
     signum = getattr(exc, "signum", signal.SIGINT)
     return {
         "signal": signal_name(signum),
-        "exit_status": exit_status(signum),
+        "exit_status": exit_status.interrupted(signum),
         "component": component,
         "step": getattr(exc, "step", None),
         "checkpoint": getattr(exc, "checkpoint", None),
@@ -343,9 +345,9 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
     width = max((len(name) for name in summary["components"]), default=0)
     for name, comp in summary["components"].items():
         lines.append(f"  {name:<{width}} {comp['state']:<9} {comp['seconds']:7.1f} s")
-    metrics = summary["eval_metrics"]
-    if metrics:
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
+    candidate = summary["eval_metrics"]
+    if candidate:
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(candidate.items()))
         lines.append(f"  evaluation: {shown}")
     evaluation = summary.get("evaluation") or {}
     baseline = evaluation.get("baseline")
@@ -362,14 +364,12 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
         lines.append(f"  {verdict}: {evaluation['reason']}")
     training = summary.get("training") or {}
     if training:
+        steps = training.get(metrics.STEPS_COMPLETED)
+        rate = float(training.get(metrics.EXAMPLES_PER_SECOND) or 0.0)
+        wait = float(training.get(metrics.INPUT_WAIT_FRACTION) or 0.0)
         lines.append(
-            "  training: {steps} steps, {eps:.0f} examples/s, input wait {wait:.1%}, {strategy}, {precision}".format(
-                steps=training.get("steps_completed"),
-                eps=float(training.get("examples_per_second") or 0.0),
-                wait=float(training.get("input_wait_fraction") or 0.0),
-                strategy=training.get("strategy_name"),
-                precision=training.get("precision_policy"),
-            )
+            f"  training: {steps} steps, {rate:.0f} examples/s, input wait {wait:.1%}, "
+            f"{training.get(metrics.STRATEGY_NAME)}, {training.get(metrics.PRECISION_POLICY)}"
         )
         if training.get("advisor"):
             from trainer_module.training.advisor import format_advice

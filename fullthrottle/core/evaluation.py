@@ -9,8 +9,8 @@ RMSE: lower is better). A candidate model is blessed when its primary metric
    than `evaluation.baseline_tolerance` (TFX's `LatestBlessedModelStrategy` finds it; TFMA's
    `GenericChangeThreshold` compares the two).
 
-`BlessingRule` holds exactly that, from the config; `pipelines.pipeline.eval_config` turns it
-into TFMA's EvalConfig (the only place that does), and `explain` turns the Evaluator's verdict
+`BlessingRule` holds exactly that, from the config; `pipelines.pipeline.tfma_eval_config` turns
+it into TFMA's EvalConfig (the only place that does), and `explain` turns the Evaluator's verdict
 back into a sentence for `last_run.json`, the run's summary and MLflow. Nothing here imports
 TFMA: the rule is plain data.
 """
@@ -25,9 +25,8 @@ if TYPE_CHECKING:
     from fullthrottle.core.config import Config
 
 CLASSIFICATION = "classification"
-# What TFX's LatestBlessedModelStrategy resolves the baseline to.
+# `evaluation.baseline`: compare with what TFX's LatestBlessedModelStrategy resolves.
 LATEST_BLESSED = "latest_blessed"
-NO_BASELINE = "none"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """What a pipeline run did, read back from ML Metadata (the record TFX itself keeps).
 
 `read_latest_run` reads the newest run of a pipeline: each component's state and duration,
-whether the model was blessed and pushed and where, the evaluation metrics and the trainer's
+whether the model was blessed and pushed and where, the evaluation (the new model's metrics, the
+latest blessed model's it was compared with, the thresholds it failed) and the trainer's
 summary. The pieces it is made of (`open_store`, `latest_run`, `run_executions`) are what the
 progress lines read too, through ML Metadata's own API, never its SQL tables.
 """
@@ -42,6 +43,39 @@ class ComponentOutcome:
 
 
 @dataclass
+class ModelEvaluation:
+    """One model's side of an evaluation: its Trainer artifact and its metrics (overall slice).
+    `pushed_version`: the version folder a Pusher published it as, when one did."""
+
+    model_uri: str | None
+    model_id: int | None
+    metrics: dict[str, float]
+    pushed_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_uri": self.model_uri,
+            "model_id": self.model_id,
+            "pushed_version": self.pushed_version,
+            "metrics": self.metrics,
+        }
+
+
+@dataclass
+class Evaluation:
+    """What the Evaluator found: the candidate's metrics, the baseline's (the latest blessed model
+    of the pipeline, when there was one), and the thresholds the candidate failed, as TFMA's
+    validation result lists them: ("bound" | "baseline", metric name)."""
+
+    candidate: ModelEvaluation
+    baseline: ModelEvaluation | None
+    failures: tuple[tuple[str, str], ...]
+
+    def missed(self, kind: str, metric: str) -> bool:
+        return (kind, metric) in self.failures
+
+
+@dataclass
 class RunOutcome:
     run_id: str
     components: dict[str, ComponentOutcome]
@@ -50,6 +84,7 @@ class RunOutcome:
     pushed_version: str | None
     eval_metrics: dict[str, float]
     training_summary: dict[str, Any] | None
+    evaluation: Evaluation | None = None
 
 
 def open_store(mlmd_path: str, *, read_only: bool = False) -> metadata_store.MetadataStore:
@@ -119,23 +154,83 @@ def _prop(artifact: Any, name: str) -> Any:
     return None
 
 
-def _load_eval_metrics(uri: str) -> dict[str, float]:
+def _read_evaluation(uri: str) -> tuple[dict[str, dict[str, float]], tuple[tuple[str, str], ...]]:
+    """Metrics of the overall slice per model ("candidate", "baseline"; "" when the Evaluator
+    had one model) and the failed thresholds, from the Evaluator's output folder."""
     import tensorflow_model_analysis as tfma
 
+    per_model: dict[str, dict[str, float]] = {}
     try:
-        result = tfma.load_eval_result(uri)
+        for slice_metrics in tfma.load_metrics(uri):
+            if slice_metrics.slice_key.single_slice_keys:  # overall slice only
+                continue
+            for entry in slice_metrics.metric_keys_and_values:
+                if entry.key.is_diff or not entry.value.HasField("double_value"):
+                    continue
+                per_model.setdefault(entry.key.model_name, {})[entry.key.name] = float(
+                    entry.value.double_value.value
+                )
     except Exception:  # noqa: BLE001 - a missing or unreadable evaluation just means no metrics
-        return {}
-    metrics: dict[str, float] = {}
-    for slice_key, slice_metrics in result.slicing_metrics:
-        if slice_key:  # overall slice only
-            continue
-        for output in slice_metrics.values():
-            for sub_key in output.values():
-                for name, value in sub_key.items():
-                    if "doubleValue" in value:
-                        metrics[name] = float(value["doubleValue"])
-    return metrics
+        return {}, ()
+    failures: list[tuple[str, str]] = []
+    try:
+        validation = tfma.load_validation_result(uri)
+    except Exception:  # noqa: BLE001 - no validation result: nothing to explain
+        validation = None
+    for per_slice in validation.metric_validations_per_slice if validation else ():
+        for failure in per_slice.failures:
+            kind = "baseline" if failure.metric_threshold.HasField("change_threshold") else "bound"
+            failures.append((kind, failure.metric_key.name))
+    return per_model, tuple(failures)
+
+
+def _pushed_version(store: metadata_store.MetadataStore, model_id: int) -> str | None:
+    """The version folder a Pusher published the Model artifact `model_id` as, or None."""
+    consumers = {
+        event.execution_id
+        for event in store.get_events_by_artifact_ids([model_id])
+        if event.type == metadata_store_pb2.Event.INPUT
+    }
+    if not consumers:
+        return None
+    outputs = [
+        event.artifact_id
+        for event in store.get_events_by_execution_ids(sorted(consumers))
+        if event.type == metadata_store_pb2.Event.OUTPUT
+    ]
+    for artifact in store.get_artifacts_by_id(outputs) if outputs else ():
+        if _prop(artifact, "pushed") and _prop(artifact, "pushed_version") is not None:
+            return str(_prop(artifact, "pushed_version"))
+    return None
+
+
+def _evaluation(
+    store: metadata_store.MetadataStore, evaluator: ComponentOutcome | None
+) -> Evaluation | None:
+    """The Evaluator's findings in this run, or None when it did not get as far."""
+    if evaluator is None:
+        return None
+    evaluations = evaluator.outputs.get("evaluation", [])
+    blessings = evaluator.outputs.get("blessing", [])
+    if not evaluations:
+        return None
+    per_model, failures = _read_evaluation(evaluations[0]["uri"])
+    blessing = blessings[0]["properties"] if blessings else {}
+    candidate = ModelEvaluation(
+        model_uri=blessing.get("current_model"),
+        model_id=blessing.get("current_model_id"),
+        metrics=per_model.get("candidate", per_model.get("", {})),
+    )
+    baseline = None
+    if blessing.get("baseline_model_id") is not None:
+        baseline_id = int(blessing["baseline_model_id"])
+        baseline = ModelEvaluation(
+            model_uri=blessing.get("baseline_model"),
+            model_id=baseline_id,
+            metrics=per_model.get("baseline", {}),
+            pushed_version=_pushed_version(store, baseline_id),
+        )
+    return Evaluation(candidate=candidate, baseline=baseline, failures=failures)
 
 
 def read_latest_run(mlmd_path: str) -> RunOutcome | None:
@@ -188,13 +283,11 @@ def read_latest_run(mlmd_path: str) -> RunOutcome | None:
         )
 
     blessed = False
-    eval_metrics: dict[str, float] = {}
     evaluator = components.get("Evaluator")
     if evaluator:
         for blessing in evaluator.outputs.get("blessing", []):
             blessed = blessed or bool(blessing["properties"].get("blessed"))
-        for evaluation in evaluator.outputs.get("evaluation", []):
-            eval_metrics = _load_eval_metrics(evaluation["uri"])
+    evaluation = _evaluation(store, evaluator)
     pushed_dir = pushed_version = None
     pusher = components.get("Pusher")
     if pusher and pusher.state in ("complete", "cached"):
@@ -216,6 +309,7 @@ def read_latest_run(mlmd_path: str) -> RunOutcome | None:
         blessed=blessed,
         pushed_model_dir=pushed_dir,
         pushed_version=str(pushed_version) if pushed_version is not None else None,
-        eval_metrics=eval_metrics,
+        eval_metrics=dict(evaluation.candidate.metrics) if evaluation else {},
         training_summary=training_summary,
+        evaluation=evaluation,
     )

@@ -1,7 +1,8 @@
 """The fullthrottle pipeline, wired in one pure function.
 
 ExampleGen -> StatisticsGen -> SchemaGen (or an imported schema) -> ExampleValidator ->
-Transform -> Trainer -> Evaluator -> Pusher (only when the Evaluator blesses the model).
+Transform -> Trainer -> Evaluator (against the latest blessed model) -> Pusher (only when the
+Evaluator blesses the model).
 
 No training, parsing or tracking logic lives here: Transform and Trainer reach the project's
 code by dotted name (`trainer_module.transform.preprocessing_fn`, `trainer_module.run.run_fn`)
@@ -18,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
@@ -25,6 +27,7 @@ from components.data_gate import DataGate, ImportSchema, describe_inputs, file_d
 from components.safe_pusher import SafePusher
 from fullthrottle.core.bundled import schema_path_for
 from fullthrottle.core.config import Config
+from fullthrottle.core.evaluation import LATEST_BLESSED, BlessingRule
 from fullthrottle.core.features import transformed_name
 from fullthrottle.tracking import LINK_KEY
 
@@ -37,6 +40,8 @@ TRANSFORM_CODE = ("trainer_module/transform.py", "fullthrottle/core/features.py"
 # TrainingConfig fields that reach run_fn as fn_args.train_steps / eval_steps.
 STEP_COUNTS = ("train_steps", "eval_steps")
 TRAINER_CODE = ("trainer_module", "serving/signatures.py", "fullthrottle/core/features.py")
+# The node that finds the latest blessed model for the Evaluator's comparison.
+BASELINE_RESOLVER = "latest_blessed_model_resolver"
 
 
 def code_fingerprint(paths: Sequence[str] = TRAINER_CODE) -> str:
@@ -72,19 +77,58 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def eval_config(config: Config) -> tfma.EvalConfig:
-    label_key = transformed_name(config.data.label)
-    threshold = tfma.MetricThreshold(
-        value_threshold=tfma.GenericValueThreshold(
-            lower_bound={"value": config.evaluation.accuracy_threshold}
-        )
+def eval_config(config: Config, *, with_baseline: bool = True) -> tfma.EvalConfig:
+    """TFMA's EvalConfig for the config's blessing rule (`with_baseline`: False leaves the
+    comparison with the latest blessed model out)."""
+    rule = BlessingRule.from_config(config)
+    if not with_baseline:
+        rule = dataclasses.replace(rule, baseline_tolerance=None)
+    return tfma_eval_config(rule, label_key=transformed_name(config.data.label))
+
+
+def _as_reported(value: float) -> float:
+    """`value` in the precision TFMA reports metrics in (float32, as Keras computes them), so a
+    bound is applied as written: an accuracy of exactly 0.399 meets a bound of 0.399, although
+    float32(0.399) < 0.399 in double precision."""
+    return float(np.float32(value))
+
+
+def tfma_eval_config(
+    rule: BlessingRule,
+    *,
+    label_key: str,
+    prediction_key: str = "probabilities",
+    reported: tuple[str, ...] = ("SparseCategoricalCrossentropy",),
+) -> tfma.EvalConfig:
+    """The one place a blessing rule becomes TFMA's EvalConfig: the primary metric with its
+    absolute bound (lower when higher is better, upper when lower is better) and, when the rule
+    compares with a baseline, TFMA's change threshold in the metric's direction. TFX's Evaluator
+    applies the change threshold only when it is given a baseline model (its rubber stamp: the
+    first blessed model of a pipeline is judged on the bound alone). `reported` metrics are
+    computed and shown, never judged."""
+    metric = rule.metric
+    bound = {"value": _as_reported(rule.bound)}
+    value_threshold = (
+        tfma.GenericValueThreshold(lower_bound=bound)
+        if metric.higher_is_better
+        else tfma.GenericValueThreshold(upper_bound=bound)
     )
+    threshold = tfma.MetricThreshold(value_threshold=value_threshold)
+    if rule.worst_change is not None:
+        threshold.change_threshold.CopyFrom(
+            tfma.GenericChangeThreshold(
+                direction=tfma.MetricDirection.HIGHER_IS_BETTER
+                if metric.higher_is_better
+                else tfma.MetricDirection.LOWER_IS_BETTER,
+                absolute={"value": rule.worst_change},
+            )
+        )
     return tfma.EvalConfig(
         model_specs=[
             tfma.ModelSpec(
                 signature_name="serving_default",
                 label_key=label_key,
-                prediction_key="probabilities",
+                prediction_key=prediction_key,
                 preprocessing_function_names=["transform_features"],
             )
         ],
@@ -93,8 +137,8 @@ def eval_config(config: Config) -> tfma.EvalConfig:
             tfma.MetricsSpec(
                 metrics=[
                     tfma.MetricConfig(class_name="ExampleCount"),
-                    tfma.MetricConfig(class_name="SparseCategoricalAccuracy", threshold=threshold),
-                    tfma.MetricConfig(class_name="SparseCategoricalCrossentropy"),
+                    tfma.MetricConfig(class_name=metric.tfma_class, threshold=threshold),
+                    *(tfma.MetricConfig(class_name=name) for name in reported),
                 ]
             )
         ],
@@ -112,8 +156,14 @@ def create_pipeline(
     trainer_factory: Any | None = None,
     project_root: str | None = None,
     trainer_tracking: Mapping[str, Any] | None = None,
+    resolve_baseline: bool = True,
 ) -> tfx.dsl.Pipeline:
     """Builds the whole pipeline from a validated config; reads nothing, runs nothing.
+
+    The Evaluator compares the candidate with the latest blessed model of this pipeline (TFX's
+    `Resolver` with `LatestBlessedModelStrategy`, as TFX's own templates wire it) unless
+    `evaluation.baseline` is "none" or `resolve_baseline` is False (for orchestrators that
+    cannot run a resolver node).
 
     `trainer_tracking` is the Trainer's MLflow link (`fullthrottle.tracking`: destination,
     experiment, pipeline key; the same on every run, so the Trainer's cache key holds), put into
@@ -207,10 +257,21 @@ def create_pipeline(
             **({LINK_KEY: dict(trainer_tracking)} if trainer_tracking else {}),
         },
     )
+    compare = resolve_baseline and config.evaluation.baseline == LATEST_BLESSED
+    baseline_resolver = (
+        tfx.dsl.Resolver(
+            strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
+            model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
+            model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+        ).with_id(BASELINE_RESOLVER)
+        if compare
+        else None
+    )
     evaluator = tfx.components.Evaluator(
         examples=example_gen.outputs["examples"],
         model=trainer.outputs["model"],
-        eval_config=eval_config(config),
+        baseline_model=baseline_resolver.outputs["model"] if baseline_resolver else None,
+        eval_config=eval_config(config, with_baseline=compare),
     )
     # SafePusher publishes complete version folders with warmup records, only when blessed.
     with tfx.dsl.Cond(evaluator.outputs["blessing"].future()[0].custom_property("blessed") == 1):
@@ -235,6 +296,7 @@ def create_pipeline(
             data_gate,
             transform,
             trainer,
+            *([baseline_resolver] if baseline_resolver else []),
             evaluator,
             pusher,
         ],

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections import Counter
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +14,7 @@ import tensorflow as tf
 import yaml
 
 from fullthrottle.cli import main
+from fullthrottle.commands.init import majority_threshold
 from fullthrottle.core.config import load_config
 from serving.signatures import call_signature, signature_input_specs
 from tests.helpers import last_run
@@ -58,12 +59,12 @@ def test_init_infers_each_kind_of_column_and_writes_a_loadable_commented_config(
     assert f"{ID}: every value is distinct" in text
     assert f"{CONSTANT}: a single value ('field station')" in text
     assert set(config.data.feature_columns) == set(NAMES) - {LABEL, ID, CONSTANT}
-    # The blessing bar is the majority-class share of the sample (rounded down), not 0.8.
+    # The blessing bar is the majority-class share of the sample, rounded up to three decimals
+    # (never below it), not 0.8.
     counts = Counter(r[LABEL] for r in own_data.records)
-    assert (
-        config.evaluation.accuracy_threshold
-        == math.floor(max(counts.values()) / len(own_data.records) * 100) / 100
-    )
+    share = Fraction(max(counts.values()), len(own_data.records))
+    written = Fraction(str(config.evaluation.accuracy_threshold))  # the decimal in the file
+    assert share <= written < share + Fraction(1, 1000)
     # Every section and column is commented for the reader.
     assert text.count("#") > 25
     assert "init" in own_data.init_stdout and "dropped" in own_data.init_stdout
@@ -204,6 +205,43 @@ def test_init_refuses_data_with_no_feature_that_varies(tmp_path, capsys):
     )
     assert code == 2
     assert "no usable feature column" in message and "const" in message
+
+
+def test_init_writes_the_majority_share_as_the_bar_never_rounded_down():
+    # 399 of 1000 rows: the bar is 0.399 (it was once written as 0.39, below the trivial model).
+    assert majority_threshold((("a", 399), ("b", 350), ("c", 251))) == 0.399
+    assert majority_threshold((("a", 1), ("b", 1), ("c", 1))) == 0.334
+    assert majority_threshold((("a", 1), ("b", 1))) == 0.5
+    assert majority_threshold((("a", 152), ("b", 124), ("c", 68))) == 0.442  # penguins: 0.44186
+
+
+def test_one_huge_cell_does_not_turn_a_categorical_column_into_text(tmp_path, capsys):
+    islands = ("Biscoe", "Dream", "Torgersen")
+    rows = ["island,bill,y"] + [f"{islands[i % 3]},{40 + i % 7},{'ab'[i % 2]}" for i in range(60)]
+    rows[31] = f"{'x' * 12_000},41,a"  # data line 31 is line 32 of the file
+    data = tmp_path / "d.csv"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = tmp_path / "c.yaml"
+    code, message = _init(capsys, "--data", str(data), "--label", "y", "--output", str(out))
+    assert code == 0, message
+    config = load_config(out)
+    assert config.data.categorical == ("island",) and config.data.text == ()
+    # The outlier is reported with its line and length, on the screen and in the file.
+    assert "a cell far longer than the typical 6 characters (12,000 at line 32)" in message
+    assert "(12,000 at line 32)" in out.read_text(encoding="utf-8")
+    # A column of long values is still text: the typical value decides, both ways.
+    notes = [
+        f"note {i}: " + "the delivery was late and the box was damaged " * 2 for i in range(60)
+    ]
+    rows = ["note,y"] + [f"{n},{'ab'[i % 2]}" for i, n in enumerate(notes)]
+    rows[5] = "ok,a"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    code, message = _init(
+        capsys, "--data", str(data), "--label", "y", "--output", str(out), "--force"
+    )
+    assert code == 0, message
+    assert [t.name for t in load_config(out).data.text] == ["note"]
+    assert "long strings (median" in message
 
 
 def test_init_never_overwrites_an_existing_config(tmp_path, capsys):

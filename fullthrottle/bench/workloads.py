@@ -213,8 +213,12 @@ def run_transform_prefix(config: Config) -> dict[str, Any]:
 
     prepared = prepare_data(config)
     full = build_local_pipeline(config, input_base=prepared.input_base)
-    ids = [c.id for c in full.components]
-    prefix = full.components[: ids.index("Transform") + 1]
+    # Transform and what it depends on, in the pipeline's order (not the baseline resolver,
+    # which only the Evaluator reads).
+    needed = [next(c for c in full.components if c.id == "Transform")]
+    for node in needed:
+        needed += [up for up in node.upstream_nodes if up not in needed]
+    prefix = [c for c in full.components if c in needed]
     # The dropped nodes (Trainer, Evaluator, Pusher) are still linked as downstream of these.
     for node in prefix:
         for downstream in list(node.downstream_nodes):

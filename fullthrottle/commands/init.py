@@ -16,6 +16,7 @@ import re
 import shlex
 import sys
 import textwrap
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,14 @@ def _comment(text: str) -> str:
     return text.replace("\n", " ").replace("\r", " ")
 
 
+def majority_threshold(label_classes: tuple[tuple[str, int], ...]) -> float:
+    """The most frequent class's share of the labelled rows, rounded up to three decimals in
+    exact arithmetic (399 of 1000 is 0.399, 1 of 3 is 0.334: never below the share)."""
+    total = sum(count for _, count in label_classes)
+    share = Fraction(label_classes[0][1], total)
+    return float(Fraction(math.ceil(share * 1000), 1000))
+
+
 def render_config(inference: Any, *, config_path: Path) -> str:
     """The YAML text: every field `init` sets, each with a comment saying what it means."""
     name = _name_from(inference.path)
@@ -103,9 +112,10 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         data_path = os.path.relpath(inference.path.resolve(), config_path.resolve().parent)
     except ValueError:  # another drive (Windows): keep it absolute
         data_path = str(inference.path.resolve())
-    baseline = inference.majority_fraction
-    # The bar to be pushed: at least as accurate as always answering the most frequent class.
-    threshold = math.floor(baseline * 100) / 100
+    majority_share = inference.majority_fraction
+    # The bar to be pushed: at least as accurate as always answering the most frequent class,
+    # rounded up (never down: a bar below that share would bless the trivial model).
+    threshold = majority_threshold(inference.label_classes)
     label_report = inference.report(inference.label)
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -211,9 +221,13 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         "",
         "evaluation:",
         "  # The model is pushed only if its eval accuracy reaches this. Set by init to the share of",
-        f"  # the most frequent class in the sample ({baseline:.1%}): the model must do at least as",
+        f"  # the most frequent class in the sample ({majority_share:.1%}): the model must do at least as",
         "  # well as always answering that class. Raise it once you know what is achievable.",
         f"  accuracy_threshold: {threshold}",
+        "  # And, once a model of this pipeline was blessed, no worse than that model by more than",
+        "  # baseline_tolerance (latest_blessed; none: the bar alone).",
+        "  baseline: latest_blessed",
+        "  baseline_tolerance: 0.0",
         "",
     ]
     return "\n".join(lines)

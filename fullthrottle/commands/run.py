@@ -153,7 +153,10 @@ def _run_locked(config: Config, *, command: str) -> int:
     print_summary(summary, path)
     if tracking_message(summary["tracking"]):
         print(tracking_message(summary["tracking"]), file=sys.stderr)
-    return exit_status.SUCCESS if summary["blessed"] else exit_status.NOT_BLESSED
+    if not summary["blessed"]:
+        print(not_blessed_message(config, summary, path), file=sys.stderr)
+        return exit_status.NOT_BLESSED
+    return exit_status.SUCCESS
 
 
 def interrupted_record(
@@ -202,6 +205,69 @@ def interrupted_message(summary: dict[str, Any], path: Path) -> str:
     )
 
 
+def evaluation_record(
+    config: Config, outcome: RunOutcome | None, *, blessed: bool
+) -> dict[str, Any] | None:
+    """`last_run.json`'s `evaluation`: the rule, both models' metrics (the new one and the latest
+    blessed one it was compared with) and why the new one was or was not blessed."""
+    from fullthrottle.core.evaluation import BlessingRule, explain
+
+    evaluation = outcome.evaluation if outcome else None
+    if evaluation is None:
+        return None
+    rule = BlessingRule.from_config(config)
+    key = rule.metric.key
+    baseline = evaluation.baseline
+    return {
+        "blessed": blessed,
+        "reason": explain(
+            rule,
+            candidate=evaluation.candidate.metrics.get(key),
+            baseline=baseline.metrics.get(key) if baseline else None,
+            missed_bound=evaluation.missed("bound", key),
+            missed_baseline=evaluation.missed("baseline", key),
+            baseline_is_candidate=bool(
+                baseline and baseline.model_id == evaluation.candidate.model_id
+            ),
+        ),
+        "primary_metric": key,
+        "higher_is_better": rule.metric.higher_is_better,
+        "rule": {
+            rule.metric.bound_field: rule.bound,
+            "evaluation.baseline": config.evaluation.baseline,
+            "evaluation.baseline_tolerance": config.evaluation.baseline_tolerance,
+        },
+        "candidate": evaluation.candidate.to_dict(),
+        "baseline": baseline.to_dict() if baseline else None,
+    }
+
+
+def not_blessed_message(config: Config, summary: dict[str, Any], path: Path) -> str:
+    """One paragraph for exit status 3: both models' primary metric and why, what is served,
+    what to do."""
+    from fullthrottle.core.evaluation import BlessingRule
+    from serving.push import version_dirs
+
+    rule = BlessingRule.from_config(config)
+    record = summary.get("evaluation") or {}
+    reason = record.get("reason") or "no evaluation was recorded"
+    model_dir = config.serving_dir
+    served = version_dirs(model_dir)
+    still = (
+        f"Serving is unchanged: version {max(served)} in {model_dir} is still the newest."
+        if served
+        else "Nothing was pushed before, so nothing is served yet."
+    )
+    return (
+        f"fullthrottle run: the new model was not pushed because the Evaluator did not bless "
+        f"it: {reason}. {still} To get a model pushed, train a better one (more steps, other "
+        f"settings), or change the rule: {rule.metric.bound_field} is the bar on "
+        f"{rule.metric.key}, evaluation.baseline_tolerance how much worse than the latest "
+        f"blessed model it may be, evaluation.baseline=none turns the comparison off. Details: "
+        f"{path}"
+    )
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip() or repr(error)
     return text.splitlines()[0][:500]
@@ -239,6 +305,9 @@ def run_summary(
         "pushed_model_dir": outcome.pushed_model_dir if outcome and error is None else None,
         "pushed_version": outcome.pushed_version if outcome and error is None else None,
         "eval_metrics": outcome.eval_metrics if outcome else {},
+        "evaluation": evaluation_record(
+            config, outcome, blessed=bool(outcome and outcome.blessed and error is None)
+        ),
         "training": outcome.training_summary if outcome else None,
         "components": components,
         "pipeline_root": str(config.pipeline_root),
@@ -273,12 +342,26 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
     lines = [
         f"fullthrottle: pipeline {summary['pipeline_name']!r} run {summary['run_id']} finished"
     ]
+    width = max((len(name) for name in summary["components"]), default=0)
     for name, comp in summary["components"].items():
-        lines.append(f"  {name:<18} {comp['state']:<9} {comp['seconds']:7.1f} s")
-    evaluation = summary["eval_metrics"]
-    if evaluation:
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(evaluation.items()))
+        lines.append(f"  {name:<{width}} {comp['state']:<9} {comp['seconds']:7.1f} s")
+    candidate = summary["eval_metrics"]
+    if candidate:
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(candidate.items()))
         lines.append(f"  evaluation: {shown}")
+    evaluation = summary.get("evaluation") or {}
+    baseline = evaluation.get("baseline")
+    if baseline and baseline.get("metrics"):
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(baseline["metrics"].items()))
+        pushed = (
+            f" (pushed as version {baseline['pushed_version']})"
+            if baseline.get("pushed_version")
+            else ""
+        )
+        lines.append(f"  latest blessed model{pushed}: {shown}")
+    if evaluation.get("reason"):
+        verdict = "blessed" if evaluation.get("blessed") else "not blessed"
+        lines.append(f"  {verdict}: {evaluation['reason']}")
     training = summary.get("training") or {}
     if training:
         steps = training.get(metrics.STEPS_COMPLETED)

@@ -16,8 +16,11 @@ The heuristics, in order (the same text is in docs/own-data.md):
    (`fullthrottle.core.data_checks.NUMBER_LIKE_FRACTION`), is numeric too and reported as a
    finding (the cells, their lines, the fix), as are label values written several ways: init
    asks instead of guessing, and `run` stops on them until they are decided.
-4. text: named with `--text`, or strings that are long (mean length >= 30 characters) or
-   sentence-like (mean >= 3 whitespace-separated words and >= 50% distinct values).
+4. text: named with `--text`, or strings that are long (median length >= 30 characters) or
+   sentence-like (median >= 3 whitespace-separated words and >= 50% distinct values). The
+   median is the typical value: a few huge cells do not make a column of short values text.
+   Cells far longer than the column's typical value (`OUTLIER_LENGTH_FACTOR` times its median
+   and at least `OUTLIER_MIN_LENGTH` characters) are reported with their lines.
    The tokenizer is "char" when at least 20% of the values contain CJK characters (written
    without spaces between words), else "word".
 5. A string column whose values are all distinct and short is dropped: it looks like an
@@ -30,6 +33,7 @@ from __future__ import annotations
 import csv
 import math
 import re
+import statistics
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,8 +54,13 @@ DEFAULT_SAMPLE_ROWS = 20_000
 MOVE_HINT = "Or, if the column holds categories, move it to `data.categorical`."
 # Cells that mean "missing" in real CSVs. Only the ones seen in the sample go into the config.
 NA_CANDIDATES = ("NA", "N/A", "n/a", "NaN", "nan", "null", "NULL", "None", "?")
-TEXT_MIN_MEAN_LENGTH = 30
-TEXT_MIN_MEAN_WORDS = 3
+TEXT_MIN_MEDIAN_LENGTH = 30
+TEXT_MIN_MEDIAN_WORDS = 3
+# A cell this many times longer than its column's median length, and at least this long, is an
+# outlier: reported with its line (often an unbalanced quote that merged rows into one cell).
+OUTLIER_LENGTH_FACTOR = 10
+OUTLIER_MIN_LENGTH = 200
+OUTLIERS_SHOWN = 3
 TEXT_MIN_DISTINCT_FRACTION = 0.5
 # Share of text values containing CJK characters from which the char tokenizer is chosen.
 CJK_CHAR_TOKENIZER_FRACTION = 0.2
@@ -291,14 +300,17 @@ def _decide(
         span = f"{min(finite):g} .. {max(finite):g}" if finite else "no finite value"
         return "numeric", f"every present cell is a number ({span})"
     strings = [str(v) for v in present]
-    mean_length = sum(len(v) for v in strings) / len(strings)
-    mean_words = sum(len(v.split()) for v in strings) / len(strings)
+    # The typical value decides, not the mean: one 12,000-character cell in a column of island
+    # names would pull the mean length far above any threshold.
+    median_length = statistics.median(len(v) for v in strings)
+    median_words = statistics.median(len(v.split()) for v in strings)
     distinct_fraction = len(counter) / len(strings)
-    if mean_length >= TEXT_MIN_MEAN_LENGTH:
-        return "text", f"long strings (mean {mean_length:.0f} characters)"
-    if mean_words >= TEXT_MIN_MEAN_WORDS and distinct_fraction >= TEXT_MIN_DISTINCT_FRACTION:
+    if median_length >= TEXT_MIN_MEDIAN_LENGTH:
+        return "text", f"long strings (median {median_length:.0f} characters)"
+    if median_words >= TEXT_MIN_MEDIAN_WORDS and distinct_fraction >= TEXT_MIN_DISTINCT_FRACTION:
         return "text", (
-            f"sentence-like strings (mean {mean_words:.1f} words, {distinct_fraction:.0%} distinct)"
+            f"sentence-like strings (median {median_words:.0f} words, {distinct_fraction:.0%} "
+            "distinct)"
         )
     if len(counter) == len(strings) and len(strings) >= 20:
         return (
@@ -448,6 +460,10 @@ def infer_columns(
                     "needs a decision before training (see the note above)"
                 )
                 findings.append(numbers.finding(where="`data.numeric`", categorical_hint=MOVE_HINT))
+        if kind in ("categorical", "text", "dropped") and not numeric_kinds[name]:
+            outliers = long_outliers(_cells(places, columns[name]))
+            if outliers:
+                reason = f"{reason}; {outliers}"
         report = ColumnReport(
             name, kind, reason, len(present), rows_sampled - len(present), len(set(present))
         )
@@ -480,6 +496,27 @@ def infer_columns(
         na_values=na_values,
         columns=tuple(reports),
         findings=tuple(findings),
+    )
+
+
+def long_outliers(cells: Iterator[tuple[str, str]]) -> str | None:
+    """Words for the cells far longer than the column's typical (median) one, with their places
+    ("2 cells far longer than the typical 6 characters: 12000 at line 57, ..."), or None."""
+    present = [(place, cell) for place, cell in cells if cell]
+    if not present:
+        return None
+    typical = statistics.median(len(cell) for _, cell in present)
+    limit = max(OUTLIER_MIN_LENGTH, OUTLIER_LENGTH_FACTOR * typical)
+    outliers = [(place, len(cell)) for place, cell in present if len(cell) > limit]
+    if not outliers:
+        return None
+    shown = ", ".join(f"{length:,} at {place}" for place, length in outliers[:OUTLIERS_SHOWN])
+    more = f", ... ({len(outliers)} in all)" if len(outliers) > OUTLIERS_SHOWN else ""
+    cells_word = "a cell" if len(outliers) == 1 else f"{len(outliers)} cells"
+    return (
+        f"{cells_word} far longer than the typical {typical:.0f} characters ({shown}{more}); "
+        "the kind follows the typical value. Check the line: an unbalanced quote merges rows "
+        "into one cell"
     )
 
 

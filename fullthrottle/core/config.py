@@ -259,9 +259,17 @@ class TrackingConfig:
 
 @_section
 class EvalConfig:
-    """The Evaluator's blessing rule."""
+    """The Evaluator's blessing rule (`fullthrottle.core.evaluation.BlessingRule`): an absolute
+    bar on the primary metric and, once a model of this pipeline was blessed, no worse than it."""
 
+    # The candidate's eval accuracy must reach this (applied as written: 0.399 is 0.399).
     accuracy_threshold: Annotated[float, _within(0, 1)] = 0.8
+    # "latest_blessed": compare with the newest model of this pipeline the Evaluator blessed
+    # (TFX's LatestBlessedModelStrategy); the first run has none and is judged on the bar alone.
+    # "none": the bar alone, always.
+    baseline: Literal["latest_blessed", "none"] = "latest_blessed"
+    # How much worse than that model the candidate may be on the primary metric (0: no worse).
+    baseline_tolerance: NonNegativeFloat = 0.0
 
 
 _VERSION_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")

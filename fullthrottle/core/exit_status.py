@@ -5,7 +5,7 @@
 | 0 | `SUCCESS` | done (`run`: a model was pushed) |
 | 1 | `FINDINGS` | `doctor` found a mismatch to act on; `bench` had a benchmark fail |
 | 2 | `USER_ERROR` | bad input, a failed component, the output folder in use by another run, too little free space: a one-paragraph message says what, where and what to do |
-| 3 | `NOT_BLESSED` | `run`: the Evaluator did not bless the model; nothing was pushed |
+| 3 | `NOT_BLESSED` | `run`: the Evaluator did not bless the model (below the bar, or worse than the latest blessed model); nothing was pushed, and a paragraph gives both models' primary metric |
 | 130, 143 | `interrupted(signum)` | stopped by SIGINT (Ctrl-C) or SIGTERM, as a shell reports a process those signals ended |
 """
 

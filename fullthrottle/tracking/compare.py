@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.core.errors import FullthrottleError
+from fullthrottle.core.evaluation import CLASSIFICATION, PRIMARY_METRICS
 from fullthrottle.tracking.names import COMPONENT_TAG, EVALUATOR_GROUP, RUN_KEY_TAG, metric_name
 from trainer_module.training import metrics
 
@@ -20,7 +21,7 @@ RESULTS = (
     (
         "accuracy",
         (
-            metric_name(EVALUATOR_GROUP, "sparse_categorical_accuracy"),
+            metric_name(EVALUATOR_GROUP, PRIMARY_METRICS[CLASSIFICATION].key),
             metrics.eval_chart_name(metrics.EVAL_ACCURACY),
         ),
         "{:.4f}",

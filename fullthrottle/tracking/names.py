@@ -30,9 +30,15 @@ INTERRUPTED_BY_TAG = "fullthrottle.interrupted_by"  # SIGINT or SIGTERM, on the 
 # Checkpoints found unreadable at restore and moved to `checkpoints/unreadable/`.
 UNREADABLE_CHECKPOINTS_TAG = "fullthrottle.unreadable_checkpoints"
 PUSH_VERSION_TAG = "fullthrottle.push_version"  # on a logged model: the version folder pushed
+# Why the Evaluator blessed the new model or not (both models' primary metric), and the latest
+# blessed model it was compared with (its Trainer artifact and pushed version).
+BLESSING_REASON_TAG = "fullthrottle.blessing_reason"
+BASELINE_MODEL_TAG = "fullthrottle.baseline_model"
+BASELINE_VERSION_TAG = "fullthrottle.baseline_push_version"
 
 # --- metric groups of the pipeline's runs -------------------------------------------------------
-EVALUATOR_GROUP = "evaluator"  # the Evaluator's (TFMA) metrics
+EVALUATOR_GROUP = "evaluator"  # the Evaluator's (TFMA) metrics of the new model
+BASELINE_GROUP = "baseline"  # ... of the latest blessed model, measured in the same evaluation
 ROWS_GROUP = "rows"  # examples per split (StatisticsGen)
 ANOMALIES_GROUP = "anomalies"  # anomalies per split (ExampleValidator)
 SECONDS_GROUP = "seconds"  # each component's execution time

@@ -2,12 +2,14 @@
 
 Owns the parent run (experiment = pipeline name): tags (MLflow's source tags and git state, the
 pipeline, its key for the Trainer, the TFX run id, MLMD execution ids, package versions,
-device), params (the resolved config flattened, with secrets masked, without the `kubeflow`
-section, which a local run does not use, and without unset fields), the training and eval data
-as MLflow datasets, summary metrics (``evaluator/*``, ``train/*``, ``eval/*``, ``rows/*``,
-``anomalies/*``, ``seconds/*``), artifacts (schema, statistics and anomalies as TFDV's HTML, the
-anomalies as text, TensorBoard logs, profiler trace, last_run.json), the pushed model as an
-MLflow 3 logged model (`mlflow_model.py`) and its registry entry, and nested runs for Transform
+device, why the model was or was not blessed), params (the resolved config flattened, with
+secrets masked, without the `kubeflow` section, which a local run does not use, and without
+unset fields), the training and eval data as MLflow datasets, summary metrics (``evaluator/*``
+for the new model, ``baseline/*`` for the latest blessed model it was compared with,
+``train/*``, ``eval/*``, ``rows/*``, ``anomalies/*``, ``seconds/*``), artifacts (schema,
+statistics and anomalies as TFDV's HTML, the anomalies as text, TensorBoard logs, profiler
+trace, last_run.json), the pushed model as an MLflow 3 logged model (`mlflow_model.py`) and its
+registry entry (the alias moves only to a blessed, pushed model), and nested runs for Transform
 and Evaluator (the Trainer's is made by its hook, linked through `trainer_link`).
 
 The run key: sha256 over the resolved config (without the `tracking` section), the input files'
@@ -37,6 +39,10 @@ from fullthrottle.tracking.channel import Channel
 from fullthrottle.tracking.names import (
     ANOMALIES_GROUP,
     ATTACHED_AT_TAG,
+    BASELINE_GROUP,
+    BASELINE_MODEL_TAG,
+    BASELINE_VERSION_TAG,
+    BLESSING_REASON_TAG,
     COMPONENT_TAG,
     EVALUATOR_GROUP,
     INTERRUPTED_BY_TAG,
@@ -264,7 +270,8 @@ class PipelineTracker:
                 self._nested_run(component, components[component], summary)
         self._log_datasets(components)
         self._log_artifacts(summary, components)
-        if summary.get("pushed_model_dir") and error is None:
+        # Only a model the Evaluator blessed is pushed, registered and given the alias.
+        if summary.get("blessed") and summary.get("pushed_model_dir") and error is None:
             self._log_and_register_model(summary, components)
         client = self.channel.client
         if error is not None and not summary.get("interrupted"):
@@ -315,6 +322,7 @@ class PipelineTracker:
             "fullthrottle.tfx_run_id": str(summary.get("run_id")),
             "fullthrottle.status": str(summary.get("status")),
             "fullthrottle.blessed": str(bool(summary.get("blessed"))).lower(),
+            **_evaluation_tags(summary),
         }
         for name, comp in components.items():
             tags[f"fullthrottle.execution_id.{name}"] = str(comp.execution_id)
@@ -322,10 +330,7 @@ class PipelineTracker:
         training = summary.get("training") or {}
         step = int(training.get(training_metrics.STEPS_COMPLETED) or 0)
         now = _now_ms()
-        values: dict[str, float] = {
-            metric_name(EVALUATOR_GROUP, k): v
-            for k, v in (summary.get("eval_metrics") or {}).items()
-        }
+        values = _evaluation_metrics(summary)
         for key in training_metrics.SUMMARY_METRICS:
             if training.get(key) is not None:
                 values[training_metrics.chart_name(key)] = float(training[key])
@@ -378,15 +383,13 @@ class PipelineTracker:
             run_id = run.info.run_id
         now = _now_ms()
         metrics = [Metric(metric_name(SECONDS_GROUP, component), float(comp.seconds), now, 0)]
-        if component == "Evaluator":
-            metrics += [
-                Metric(metric_name(EVALUATOR_GROUP, k), float(v), now, 0)
-                for k, v in (summary.get("eval_metrics") or {}).items()
-            ]
         tags = [
             RunTag("fullthrottle.execution_id", str(comp.execution_id)),
             RunTag("fullthrottle.state", comp.state),
         ]
+        if component == "Evaluator":
+            metrics += [Metric(k, v, now, 0) for k, v in _evaluation_metrics(summary).items()]
+            tags += [RunTag(k, v) for k, v in _evaluation_tags(summary).items()]
         for key, artifacts in comp.outputs.items():
             if artifacts:
                 tags.append(RunTag(f"fullthrottle.output.{key}", redact_text(artifacts[0]["uri"])))
@@ -528,7 +531,11 @@ class PipelineTracker:
                     source=f"models:/{model_id}",
                     run_id=self.run_id,
                     model_id=model_id,
-                    tags={"serving_path": pushed_dir, "push_version": push_version},
+                    tags={
+                        "serving_path": pushed_dir,
+                        "push_version": push_version,
+                        **_evaluation_tags(summary),
+                    },
                     description=f"Pushed to {pushed_dir} (version folder {push_version}) by pipeline run {summary.get('run_id')}",
                 )
             if version is None:
@@ -576,6 +583,34 @@ class PipelineTracker:
         self.channel.ok(
             "move the alias", client.set_registered_model_alias, name, alias, str(version.version)
         )
+
+
+def _evaluation_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """The new model's evaluation metrics (``evaluator/*``) and those of the latest blessed
+    model it was compared with (``baseline/*``)."""
+    values = {
+        metric_name(EVALUATOR_GROUP, k): float(v)
+        for k, v in (summary.get("eval_metrics") or {}).items()
+    }
+    baseline = (summary.get("evaluation") or {}).get("baseline") or {}
+    for key, value in (baseline.get("metrics") or {}).items():
+        values[metric_name(BASELINE_GROUP, key)] = float(value)
+    return values
+
+
+def _evaluation_tags(summary: dict[str, Any]) -> dict[str, str]:
+    """Why the new model was or was not blessed, and the baseline it was compared with."""
+    evaluation = summary.get("evaluation") or {}
+    tags: dict[str, str] = {}
+    if evaluation.get("reason"):
+        verdict = "blessed" if evaluation.get("blessed") else "not blessed"
+        tags[BLESSING_REASON_TAG] = f"{verdict}: {evaluation['reason']}"[:5000]
+    baseline = evaluation.get("baseline") or {}
+    if baseline.get("model_uri"):
+        tags[BASELINE_MODEL_TAG] = redact_text(str(baseline["model_uri"]))
+    if baseline.get("pushed_version"):
+        tags[BASELINE_VERSION_TAG] = str(baseline["pushed_version"])
+    return tags
 
 
 def _first_output(components: dict[str, Any], suffix: str, key: str) -> dict[str, Any] | None:

@@ -672,9 +672,12 @@ def test_each_signal_in_training_saves_its_step_and_says_how_to_resume(campaign)
         assert stop.seconds_to_exit < 15
         assert f"interrupted by {name} during Trainer at step {stop.step}" in stop.text
         assert stop.resumed_from < stop.step < TRAIN_STEPS
-        # The newest committed checkpoint is at the signal's step, written after the signal.
+        # The newest committed checkpoint is at the signal's step: the signal's own, written
+        # after it arrived, unless a periodic save had just covered that step (file times are
+        # a clock tick coarser than time.time()).
         assert stop.committed == stop.step
-        assert stop.checkpoint_written_at >= stop.sent_at
+        if stop.step % CHECKPOINT_EVERY:
+            assert stop.checkpoint_written_at >= stop.sent_at - 0.05
         assert "Resume with: fullthrottle run --output-dir" in stop.text
         assert "Traceback" not in stop.text
         interrupted = stop.summary["interrupted"]

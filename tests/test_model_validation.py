@@ -2,15 +2,21 @@
 model of the pipeline, and only a model that passes is pushed and becomes MLflow's `champion`.
 
 The rule's TFMA config is checked with TFMA's own validator (the code TFX's Evaluator runs to
-bless); the whole behaviour with two real runs of the pipeline on one output folder against a
-real `mlflow server`: a good run, then one trained for a single step.
+bless); the whole behaviour with two real runs of the pipeline on one output folder: the
+session's good run (copied), then one trained for a single step, while `fullthrottle serve`
+serves the good model from that folder.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
+import json
+import shutil
+import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,11 +27,11 @@ from tensorflow_model_analysis.metrics import metric_types
 from tfx import v1 as tfx
 from tfx.dsl.components.common.resolver import RESOLVER_STRATEGY_CLASS
 
+from fullthrottle.bench.serving import free_port, start_server, stop_server
 from fullthrottle.core.config import load_config
 from fullthrottle.core.evaluation import BlessingRule, PrimaryMetric, explain
 from pipelines.pipeline import BASELINE_RESOLVER, create_pipeline, eval_config, tfma_eval_config
-from tests.helpers import last_run, run_cli, served_dirs
-from tests.tracking_server import MlflowServer
+from tests.helpers import eval_split_examples, last_run, run_cli, served_dirs, strip_label
 
 ACCURACY = "sparse_categorical_accuracy"
 
@@ -174,7 +180,7 @@ def test_the_pipeline_resolves_the_latest_blessed_model_for_the_evaluator(tmp_pa
     }
 
 
-# --- two real runs on one output folder, tracked by a real MLflow server ---------------------
+# --- a worse run after a good one, on one output folder, while the good model is served -------
 def _tree_digest(folder: Path) -> dict[str, str]:
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -183,32 +189,55 @@ def _tree_digest(folder: Path) -> dict[str, str]:
     }
 
 
+def _predict(base: str, examples: list[bytes]) -> tuple[np.ndarray, str]:
+    body = json.dumps(
+        {"instances": [{"b64": base64.b64encode(e).decode()} for e in examples]}
+    ).encode()
+    request = urllib.request.Request(
+        base + ":predict", data=body, headers={"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        payload = json.loads(response.read())
+        version = response.headers["x-fullthrottle-model-version"]
+    return np.array([p["probabilities"] for p in payload["predictions"]]), version
+
+
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory):
-    """A good run (300 steps), then one trained for a single step on the same output folder,
-    with the absolute bar at 0 so that only the comparison with the first model can refuse it."""
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"))
-    output_dir = tmp_path_factory.mktemp("validated_runs")
-    env = {"MLFLOW_TRACKING_URI": server.uri}
+def two_runs(penguins_run, tmp_path_factory):
+    """The session's good run (300 steps), copied (metadata, artifacts, MLflow store, push folder:
+    its cached components keep reading the original's artifacts), then a run trained for a
+    single step on the copy, with the absolute bar at 0 so that only the comparison with the
+    first model can refuse it, while `fullthrottle serve` serves the good model from the copy."""
+    source, _ = penguins_run
+    output_dir = tmp_path_factory.mktemp("validated") / "run"
+    shutil.copytree(source, output_dir)
+    first = last_run(source)
+    served = _tree_digest(output_dir / "serving")
+    examples = [strip_label(r, "species") for r in eval_split_examples(first, limit=16)]
+    port = free_port()
+    process = start_server(
+        str(output_dir / "serving" / "penguins"), model_name="penguins", port=port,
+        overrides=("serving.poll_seconds=0.2",),
+    )  # fmt: skip
     try:
-        good = run_cli(
-            "run", "--output-dir", str(output_dir), "--set", "training.train_steps=300", env=env
-        )
-        assert good.returncode == 0, good.stderr[-5000:]
-        first = last_run(output_dir)
-        served = _tree_digest(output_dir / "serving")
+        base = f"http://127.0.0.1:{port}/v1/models/penguins"
+        before = _predict(base, examples)
         worse = run_cli(
             "run", "--output-dir", str(output_dir), "--set", "training.train_steps=1",
-            "--set", "evaluation.accuracy_threshold=0", env=env,
+            "--set", "evaluation.accuracy_threshold=0",
         )  # fmt: skip
-        yield server, output_dir, first, served, worse
+        after = _predict(base, examples)
     finally:
-        server.stop()
+        server_output = stop_server(process)
+    yield SimpleNamespace(
+        output_dir=output_dir, first=first, served=served, worse=worse,
+        before=before, after=after, server_output=server_output,
+    )  # fmt: skip
 
 
 @pytest.mark.slow
 def test_the_first_model_is_blessed_on_the_bar_alone(two_runs):
-    _, _, first, _, _ = two_runs
+    first = two_runs.first
     evaluation = first["evaluation"]
     assert evaluation["blessed"] is True and first["pushed_model_dir"]
     assert evaluation["baseline"] is None
@@ -221,7 +250,7 @@ def test_the_first_model_is_blessed_on_the_bar_alone(two_runs):
 
 @pytest.mark.slow
 def test_a_worse_model_is_not_pushed_and_says_why_with_both_metrics(two_runs):
-    _, output_dir, first, served_before, worse = two_runs
+    output_dir, first, worse = two_runs.output_dir, two_runs.first, two_runs.worse
     assert worse.returncode == 3, worse.stderr[-5000:]
     last = last_run(output_dir)
     assert last["status"] == "succeeded"
@@ -251,13 +280,13 @@ def test_a_worse_model_is_not_pushed_and_says_why_with_both_metrics(two_runs):
     assert [p.name for p in served_dirs(output_dir / "serving" / "penguins")] == [
         first["pushed_version"]
     ]
-    assert _tree_digest(output_dir / "serving") == served_before
+    assert _tree_digest(output_dir / "serving") == two_runs.served
 
 
 @pytest.mark.slow
 def test_champion_stays_on_the_model_that_passed(two_runs):
-    server, output_dir, first, _, _ = two_runs
-    client = MlflowClient(server.uri)
+    output_dir, first = two_runs.output_dir, two_runs.first
+    client = MlflowClient(f"sqlite:///{output_dir / 'mlflow' / 'mlflow.db'}")
     versions = client.search_model_versions("name = 'penguins'")
     assert len(versions) == 1, [(v.version, v.tags) for v in versions]
     champion = client.get_model_version_by_alias("penguins", "champion")
@@ -276,3 +305,13 @@ def test_champion_stays_on_the_model_that_passed(two_runs):
     assert run.data.tags["fullthrottle.blessed"] == "false"
     assert run.data.tags["fullthrottle.blessing_reason"] == f"not blessed: {evaluation['reason']}"
     assert run.data.tags["fullthrottle.baseline_push_version"] == first["pushed_version"]
+
+
+@pytest.mark.slow
+def test_the_served_model_keeps_answering_through_a_refused_run(two_runs):
+    (before, version), (after, version_after) = two_runs.before, two_runs.after
+    assert version == two_runs.first["pushed_version"]
+    # The server saw no new version: the same one answers the same probabilities.
+    assert version_after == version
+    np.testing.assert_array_equal(after, before)
+    assert "Traceback" not in two_runs.server_output, two_runs.server_output[-3000:]

@@ -27,9 +27,7 @@ def gpu_set_installed() -> bool:
     bin/envrun installs them only where it finds an NVIDIA driver or FULLTHROTTLE_ENV_GPU=1."""
     import importlib.metadata
 
-    names = re.findall(
-        r"^([A-Za-z0-9_.\-]+)==", (REPO / "requirements-gpu.lock").read_text(), re.M
-    )
+    names = re.findall(r"^([A-Za-z0-9_.\-]+)==", (REPO / "requirements-gpu.lock").read_text(), re.M)
     try:
         for name in names:
             importlib.metadata.version(name)

@@ -58,7 +58,9 @@ def test_the_environment_is_the_lock_at_its_versions_with_cuda_only_in_the_gpu_s
         canonicalize_name(dist.metadata["Name"]): dist.version
         for dist in importlib.metadata.distributions()
     }
-    wrong = {name: (pin, installed.get(name)) for name, pin in DEV.items() if installed.get(name) != pin}
+    wrong = {
+        name: (pin, installed.get(name)) for name, pin in DEV.items() if installed.get(name) != pin
+    }
     assert not wrong, f"installed versions differ from requirements.lock: {wrong}"
     present = [name for name in GPU if name in installed]
     # All of the gpu set (an environment for a GPU) or none of it (a CPU-only one), never part.
@@ -70,7 +72,9 @@ def test_the_environment_is_the_lock_at_its_versions_with_cuda_only_in_the_gpu_s
 def test_lock_subtract_refuses_two_resolutions(tmp_path):
     full = tmp_path / "full.lock"
     base = tmp_path / "base.lock"
-    full.write_text("absl-py==1.4.0 \\\n    --hash=sha256:aa\nnvidia-x==1.0 \\\n    --hash=sha256:bb\n")
+    full.write_text(
+        "absl-py==1.4.0 \\\n    --hash=sha256:aa\nnvidia-x==1.0 \\\n    --hash=sha256:bb\n"
+    )
     base.write_text("absl-py==1.4.0 \\\n    --hash=sha256:aa\n")
     done = subprocess.run(
         [sys.executable, str(REPO / "bin" / "lock-subtract"), str(full), str(base)],
@@ -95,4 +99,7 @@ def test_envrun_refuses_an_unknown_gpu_choice(value):
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 2 and f"FULLTHROTTLE_ENV_GPU must be 1, 0 or auto, got '{value}'" in done.stderr
+    assert (
+        done.returncode == 2
+        and f"FULLTHROTTLE_ENV_GPU must be 1, 0 or auto, got '{value}'" in done.stderr
+    )

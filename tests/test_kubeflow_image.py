@@ -9,7 +9,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-import subprocess
 import tomllib
 from pathlib import Path
 

@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from fullthrottle.core import exit_status
 from fullthrottle.core.errors import ConfigError, FullthrottleError
 
 HEALTHZ = "/apis/v2beta1/healthz"
@@ -269,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("fullthrottle submit --dry-run: would send (nothing was contacted):")
         print(json.dumps(request, indent=2))
-        return 0
+        return exit_status.SUCCESS
     token = read_secret(args.token_file, "token") if args.token_file else None
     cookies = read_secret(args.cookie_file, "cookie") if args.cookie_file else None
     if not args.endpoint:
@@ -292,7 +293,7 @@ def run(args: argparse.Namespace) -> int:
         f"fullthrottle: submitted {request['kind']} {request['name']!r} to {request['endpoint']}: "
         f"{result}"
     )
-    return 0
+    return exit_status.SUCCESS
 
 
 def _send(request: dict[str, Any], package: Path, client_args: dict[str, Any]) -> str:

@@ -59,4 +59,5 @@ lock:  ## re-resolve pyproject.toml into the hashed locks (needs `uv` on the hos
 		exit 1; fi && \
 	{ echo "# What pyproject.toml's gpu extra adds to requirements.lock or requirements-runtime.lock,"; \
 	  echo "# at the versions of the one resolution \`make lock\` made (see the Makefile). Never edit by hand."; \
-	  cat "$$tmp/gpu.lock"; } >requirements-gpu.lock
+	  cat "$$tmp/gpu.lock"; } >requirements-gpu.lock && \
+	sed -i "\\#^ *\# *-c $$tmp/#d" requirements.lock requirements-runtime.lock requirements-gpu.lock

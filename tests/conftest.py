@@ -8,6 +8,8 @@ before any test imports a model. Code under test that asks for 2 logical devices
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -21,25 +23,34 @@ tf.config.set_logical_device_configuration(
 
 import pytest  # noqa: E402
 
-from tests.helpers import run_cli  # noqa: E402
+from tests.helpers import once_per_session, run_cli  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def penguins_run(tmp_path_factory):
-    """One real pipeline run on the bundled penguins data, shared by the tests that read it."""
-    output_dir = tmp_path_factory.mktemp("penguins_run")
-    # Its own temp folder, so tests can check what a run leaves behind there (result.tmpdir).
-    tmpdir = tmp_path_factory.mktemp("penguins_run_tmp")
-    result = run_cli(
-        "run",
-        "--output-dir",
-        str(output_dir),
-        "--set",
-        "training.train_steps=300",
-        env={"TMPDIR": str(tmpdir)},
-    )
-    assert result.returncode == 0, (
-        f"fullthrottle run failed:\n{result.stdout}\n{result.stderr[-5000:]}"
-    )
-    result.tmpdir = tmpdir
-    return output_dir, result
+    """One real pipeline run on the bundled penguins data, shared by the tests that read it (and
+    by every xdist worker)."""
+
+    def create(folder: Path) -> dict:
+        output_dir = folder / "out"
+        # Its own temp folder, so tests can check what a run leaves behind there (result.tmpdir).
+        tmpdir = folder / "tmp"
+        tmpdir.mkdir()
+        result = run_cli(
+            "run", "--output-dir", str(output_dir), "--set", "training.train_steps=300",
+            env={"TMPDIR": str(tmpdir)},
+        )  # fmt: skip
+        assert result.returncode == 0, (
+            f"fullthrottle run failed:\n{result.stdout}\n{result.stderr[-5000:]}"
+        )
+        return {
+            "output_dir": str(output_dir),
+            "returncode": result.returncode,
+            "stdout": result.stdout,
+            "stderr": result.stderr,
+            "tmpdir": str(tmpdir),
+        }
+
+    run = once_per_session(tmp_path_factory, "penguins_run", create)
+    result = SimpleNamespace(**{k: v for k, v in run.items() if k != "output_dir"})
+    return Path(run["output_dir"]), result

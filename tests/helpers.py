@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import json
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,27 @@ def committed_checkpoint_step_in(state_file: Path) -> int:
         if line.startswith("model_checkpoint_path:") and (m := _CKPT.search(line)):
             return int(m.group(1))
     return 0
+
+
+def once_per_session(tmp_path_factory, name: str, create: Callable[[Path], dict]) -> dict:
+    """`create(folder)` run once per pytest session, whatever the number of xdist workers.
+
+    Each worker has a temp root of its own below the session's; the first worker to ask takes an
+    exclusive lock in the session's root and creates the value (plain data, kept as JSON beside
+    its folder); the others wait on the lock and read it. Without xdist it is a plain cache.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder, value_file = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if value_file.exists():
+            return json.loads(value_file.read_text())
+        folder.mkdir(exist_ok=True)
+        value = create(folder)
+        value_file.write_text(json.dumps(value))
+        return value
 
 
 def snapshot_code(target: Path) -> Path:

@@ -11,24 +11,23 @@ numeric column, and label values that differ only in whitespace or case.
 
 Shared by tests/test_init.py (what init wrote, the model the run pushed), tests/test_progress.py
 (what `run` showed while it ran) and tests/test_real_world_csv.py (names as written, dirty cells):
-the pipeline runs once per pytest process however many tests read it.
+the pipeline runs once per pytest session however many tests (and xdist workers) read it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import csv
-import functools
 import io
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from subprocess import CompletedProcess
+from types import SimpleNamespace
 
 from fullthrottle import cli
 from fullthrottle.core.bundled import bundled_path
-from tests.helpers import run_cli
+from tests.helpers import once_per_session, run_cli
 
 LABEL = "Species name/Art"
 LONG_NAME = "measurement_" + "very_" * 40 + "long (200+ characters)"
@@ -166,14 +165,30 @@ class OwnDataRun:
     stopped: tuple[int, str]  # `run` on init's config as written
     stopped_seconds: float
     output_dir: Path
-    run: CompletedProcess  # `run` with the suggested options, a fresh process
+    run: SimpleNamespace  # `run` with the suggested options, a fresh process: returncode, stdout, stderr
 
 
-@functools.cache
-def own_data_run(base: str) -> OwnDataRun:
-    """Acts as a new user: writes the CSV, `init`, `run` (stopped), `run` as suggested."""
-    workdir = Path(base) / "own_data"
-    workdir.mkdir(parents=True, exist_ok=True)
+def own_data_run(tmp_path_factory) -> OwnDataRun:
+    """Acts as a new user, once per session: writes the CSV, `init`, `run` (stopped), `run` as
+    suggested."""
+    value = once_per_session(tmp_path_factory, "own_data", _act_as_a_new_user)
+    workdir = Path(value["workdir"])
+    return OwnDataRun(
+        workdir=workdir,
+        csv_path=workdir / "export.csv",
+        config_path=workdir / "export.yaml",
+        records=value["records"],
+        init=tuple(value["init"]),
+        init_stdout=value["init_stdout"],
+        stopped_dir=workdir / "stopped",
+        stopped=tuple(value["stopped"]),
+        stopped_seconds=value["stopped_seconds"],
+        output_dir=workdir / "runs",
+        run=SimpleNamespace(**value["run"]),
+    )
+
+
+def _act_as_a_new_user(workdir: Path) -> dict:
     csv_path = workdir / "export.csv"
     records = write_own_data_csv(csv_path)
     config_path = workdir / "export.yaml"
@@ -183,28 +198,24 @@ def own_data_run(base: str) -> OwnDataRun:
         stdout=printed,
     )  # fmt: skip
     assert init[0] == 0, f"init failed: {init[1][-3000:]}"
-    stopped_dir = workdir / "stopped"
     started = time.monotonic()
-    stopped = cli_in_process("run", "--config", str(config_path), "--output-dir", str(stopped_dir))
+    stopped = cli_in_process(
+        "run", "--config", str(config_path), "--output-dir", str(workdir / "stopped")
+    )
     stopped_seconds = time.monotonic() - started
-    output_dir = workdir / "runs"
     run = run_cli(
-        "run", "--config", str(config_path), "--output-dir", str(output_dir), *SUGGESTED,
+        "run", "--config", str(config_path), "--output-dir", str(workdir / "runs"), *SUGGESTED,
         "--set", f"training.train_steps={TRAIN_STEPS}",
         # Several loops, so the trainer's progress shows more than one line.
         "--set", "training.steps_per_loop=50",
         cwd=workdir,
     )  # fmt: skip
-    return OwnDataRun(
-        workdir=workdir,
-        csv_path=csv_path,
-        config_path=config_path,
-        records=records,
-        init=init,
-        init_stdout=printed[0],
-        stopped_dir=stopped_dir,
-        stopped=stopped,
-        stopped_seconds=stopped_seconds,
-        output_dir=output_dir,
-        run=run,
-    )
+    return {
+        "workdir": str(workdir),
+        "records": records,
+        "init": init,
+        "init_stdout": printed[0],
+        "stopped": stopped,
+        "stopped_seconds": stopped_seconds,
+        "run": {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr},
+    }

@@ -35,7 +35,7 @@ from trainer_module.training.config import TrainingConfig
 
 @pytest.fixture(scope="module")
 def own_data(tmp_path_factory):
-    return own_data_run(str(tmp_path_factory.getbasetemp()))
+    return own_data_run(tmp_path_factory)
 
 
 # --- the new user's path ------------------------------------------------------------------------

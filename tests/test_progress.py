@@ -31,7 +31,7 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 @pytest.fixture(scope="module")
 def own_data(tmp_path_factory):
-    return own_data_run(str(tmp_path_factory.getbasetemp()))
+    return own_data_run(tmp_path_factory)
 
 
 @pytest.mark.slow

@@ -53,7 +53,7 @@ from tests.own_data import (
 @pytest.fixture(scope="module")
 def user(tmp_path_factory) -> OwnDataRun:
     """The user's path: write the CSV, init, run (stopped), run with the suggested options."""
-    return own_data_run(str(tmp_path_factory.getbasetemp()))
+    return own_data_run(tmp_path_factory)
 
 
 # --- init and the first run: reported, then stopped -------------------------------------------

@@ -1,10 +1,13 @@
 # The two commands a newcomer needs are `make run` and `make test`; both build the locked
 # environment on first use (bin/envrun). Everything else here is for developers.
 ENVRUN := bin/envrun
+SHELL := /bin/bash
 PYTEST_ARGS ?=
 LOCK_TARGET := --python-version 3.13 --python-platform x86_64-manylinux_2_39
+UV_COMPILE := uv pip compile pyproject.toml $(LOCK_TARGET) --generate-hashes --quiet \
+	--custom-compile-command "make lock"
 
-.PHONY: run test test-fast test-external bench gpu-check lint lock env
+.PHONY: run test test-fast test-external bench gpu-check lint lock env image
 
 # The command learns it was started as `make TARGET ARGS=...` (to print how to run it again).
 run bench gpu-check: export FULLTHROTTLE_MAKE_TARGET = $@
@@ -32,16 +35,34 @@ bench:  ## the benchmark suite; `make bench QUICK=1` for the < 5 minute version
 gpu-check:  ## on a machine with NVIDIA GPUs: train on them, print examples/s, MFU, input wait
 	$(ENVRUN) fullthrottle gpu-check $(ARGS)
 
-lint:  ## ruff (lint + format) and the import contracts of docs/architecture.md
+lint:  ## ruff (lint + format), the import contracts of docs/architecture.md, hadolint (Dockerfile)
 	$(ENVRUN) ruff check .
 	$(ENVRUN) ruff format --check .
 	$(ENVRUN) lint-imports --no-cache
+	$(ENVRUN) hadolint Dockerfile
+
+image:  ## the container image: `make image TARGET=cpu|gpu [TAG=name] [BASE=image|local]`
+	bin/image --target $(or $(TARGET),gpu) $(if $(TAG),--tag $(TAG)) $(if $(BASE),--base $(BASE))
 
 env:  ## build (or check) the environment only
 	$(ENVRUN) python -c "import tfx, tensorflow; print('tfx', tfx.__version__, 'tensorflow', tensorflow.__version__)"
 
 lock:  ## re-resolve pyproject.toml into the hashed locks (needs `uv` on the host)
-	uv pip compile pyproject.toml --extra gpu --group pyproject.toml:dev $(LOCK_TARGET) \
-		--generate-hashes --quiet -o requirements.lock
-	uv pip compile pyproject.toml --extra gpu -c requirements.lock $(LOCK_TARGET) \
-		--generate-hashes --quiet -o requirements-runtime.lock
+	@# One resolution (with the gpu extra and the dev group), seeded with the current pins so that
+	@# nothing moves without reason; then each install set at exactly its versions, and the gpu
+	@# extra's part as the difference, which must be the same for the images and the environment.
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	cat requirements.lock $(wildcard requirements-gpu.lock) >"$$tmp/all.lock" && \
+	$(UV_COMPILE) --extra gpu --group pyproject.toml:dev -o "$$tmp/all.lock" && \
+	$(UV_COMPILE) --group pyproject.toml:dev -c "$$tmp/all.lock" -o requirements.lock && \
+	$(UV_COMPILE) -c "$$tmp/all.lock" -o requirements-runtime.lock && \
+	$(UV_COMPILE) --extra gpu -c "$$tmp/all.lock" -o "$$tmp/runtime-gpu.lock" && \
+	bin/lock-subtract "$$tmp/all.lock" requirements.lock >"$$tmp/gpu-dev.lock" && \
+	bin/lock-subtract "$$tmp/runtime-gpu.lock" requirements-runtime.lock >"$$tmp/gpu.lock" && \
+	if ! diff <(grep -v '^ *#' "$$tmp/gpu-dev.lock") <(grep -v '^ *#' "$$tmp/gpu.lock") >&2; then \
+		echo "make lock: the gpu extra adds different packages to the environment and to the images" >&2; \
+		exit 1; fi && \
+	{ echo "# What pyproject.toml's gpu extra adds to requirements.lock or requirements-runtime.lock,"; \
+	  echo "# at the versions of the one resolution \`make lock\` made (see the Makefile). Never edit by hand."; \
+	  cat "$$tmp/gpu.lock"; } >requirements-gpu.lock && \
+	sed -i "\\#^ *\# *-c $$tmp/#d" requirements.lock requirements-runtime.lock requirements-gpu.lock

@@ -23,6 +23,7 @@ PLURAL = "tfjobs"
 GROUP, VERSION = API_VERSION.split("/")
 # The operator finds the TensorFlow container by this name (ports, TF_CONFIG).
 CONTAINER_NAME = "tensorflow"
+VOLUME_NAME = "fullthrottle-roots"
 # Pods killed from outside (exit 128+signal, e.g. preemption, OOM-kill, or the trainer's own stop on
 # SIGTERM, which ends the process as a signal does) restart and resume from the last checkpoint; an
 # error in the trainer (exit 1) fails the job at once instead of looping.
@@ -78,8 +79,8 @@ def build_tfjob_manifest(
 
     `settings` keys: workers, image, namespace, resources (cpu_request, cpu_limit, memory_request,
     memory_limit, accelerator_type, accelerator_count), timeout_minutes, clean_pod_policy,
-    service_account, termination_grace_period_seconds and retries (optional). Refuses fewer than
-    one worker.
+    service_account, termination_grace_period_seconds, retries (optional) and volume (optional:
+    claim_name and mount_path of a PVC every replica mounts). Refuses fewer than one worker.
     """
     workers = int(settings["workers"])
     if workers < 1:
@@ -93,6 +94,10 @@ def build_tfjob_manifest(
     resources = _container_resources(settings.get("resources") or {})
     if resources:
         container["resources"] = resources
+    volume = settings.get("volume")
+    if volume:
+        # The PVC of the pipeline's roots, mounted where the steps mount it.
+        container["volumeMounts"] = [{"name": VOLUME_NAME, "mountPath": volume["mount_path"]}]
     pod_spec: dict[str, Any] = {
         "containers": [container],
         # Preemption and eviction send SIGTERM, then SIGKILL after this many seconds: the trainer
@@ -103,6 +108,10 @@ def build_tfjob_manifest(
     }
     if settings.get("service_account"):
         pod_spec["serviceAccountName"] = settings["service_account"]
+    if volume:
+        pod_spec["volumes"] = [
+            {"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": volume["claim_name"]}}
+        ]
     pod_labels = {"app.kubernetes.io/part-of": "fullthrottle", **(labels or {})}
 
     def replica(count: int) -> dict[str, Any]:

@@ -76,6 +76,8 @@ def tfjob_settings(config: Any) -> dict[str, Any]:
         "service_account": tfjob.service_account,
         "termination_grace_period_seconds": kf.termination_grace_period_seconds,
         "retries": kf.trainer_retries,
+        # The replicas read and write the same roots as the pipeline's steps: the same volume.
+        "volume": dataclasses.asdict(kf.volume) if kf.volume.claim_name else None,
     }
 
 

@@ -5,17 +5,20 @@ This module chooses the paths the pods see (`kubeflow.pipeline_root`, `input_bas
 `pipelines.pipeline.create_pipeline`: the wiring lives there only. TFX sets resources only through
 `with_platform_config`, which its compiler ignores for ExampleGen, and caching only pipeline-wide, so
 per-step resources and caching flags are written into the compiled `PipelineSpec` afterwards
-(`apply_step_settings`), the way the KFP SDK's own compiler writes them.
+(`apply_step_settings`), the way the KFP SDK's own compiler writes them. TFX writes no platform
+spec; the volume of the roots is added as KFP's Kubernetes platform spec (`kfp-kubernetes`'s
+`PvcMount`, `volume_platform_spec`), and the result is written as the pipeline IR YAML the KFP
+SDK's compiler writes (`write_compiled`), which `kfp.Client` and the KFP UI upload.
 
-Nothing here touches the network: object-store roots (gs://, s3://) are passed through as strings.
+Nothing here touches the network: object-store roots (gs://) are passed through as strings.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import posixpath
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +27,7 @@ from kubernetes.utils import parse_quantity
 
 from fullthrottle.core.config import Config, StepResources
 from fullthrottle.core.errors import ConfigError
+from fullthrottle.core.object_stores import scheme_of
 
 # The container command of every step (TFX's v2 executor launcher); the Dockerfile's ENTRYPOINT
 # is the same command, and tests/test_kubeflow_image.py keeps the two equal.
@@ -71,8 +75,29 @@ def caching_enabled(config: Config) -> bool:
 IMAGE_PROJECT_ROOT = "/opt/fullthrottle"
 
 
+def on_volume(location: str, mount_path: str) -> bool:
+    return location == mount_path or location.startswith(mount_path.rstrip("/") + "/")
+
+
 def check_for_kubeflow(config: Config) -> None:
     """Refuses settings that would only fail inside the cluster, naming the field."""
+    volume = config.kubeflow.volume
+    for name in ("pipeline_root", "input_base", "serving_dir"):
+        location = getattr(config.kubeflow, name)
+        if scheme_of(location) is not None:
+            continue
+        if volume.claim_name is None:
+            raise ConfigError(
+                f"`kubeflow.{name}` {location!r} is a path, but `kubeflow.volume.claim_name` is "
+                "null, so no volume holds it: it would be written inside the pod and lost. Name "
+                "a PersistentVolumeClaim (kubeflow.volume.claim_name) or give a gs:// URI"
+            )
+        if not on_volume(location, volume.mount_path):
+            raise ConfigError(
+                f"`kubeflow.{name}` {location!r} is not under the volume's "
+                f"`kubeflow.volume.mount_path` {volume.mount_path!r}: it would be written inside "
+                "the pod and lost. Put it under the mount path, or give a gs:// URI"
+            )
     tfjob = config.kubeflow.tfjob
     if (
         tfjob.enabled
@@ -131,11 +156,24 @@ def build_kubeflow_pipeline(
     )
 
 
+@dataclass(frozen=True)
+class CompiledPipeline:
+    """The two documents of KFP's pipeline IR YAML, as dicts of their protos' JSON form."""
+
+    pipeline_spec: dict[str, Any]  # kfp.pipeline_spec PipelineSpec
+    platform_spec: dict[str, Any]  # kfp.pipeline_spec PlatformSpec (the Kubernetes volume)
+
+    @property
+    def pipeline_root(self) -> str:
+        return self.pipeline_spec["defaultPipelineRoot"]
+
+
 def compile_pipeline(
     config: Config, *, trainer_tracking: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """Compiles to a KFP `PipelineJob` dict (`pipelineSpec` + `runtimeConfig`), with per-step
-    resources and caching written in. Writes nothing."""
+) -> CompiledPipeline:
+    """Compiles to KFP's pipeline spec with per-step resources, caching and retries written in,
+    the pipeline root as its default root, and the volume as its Kubernetes platform spec.
+    Writes nothing."""
     from tfx import v1 as tfx
 
     pipeline = build_kubeflow_pipeline(config, trainer_tracking=trainer_tracking)
@@ -154,7 +192,7 @@ def compile_pipeline(
     resources = {
         component.id: step_resources(config, component) for component in pipeline.components
     }
-    job["pipelineSpec"] = apply_step_settings(
+    pipeline_spec = apply_step_settings(
         job["pipelineSpec"],
         resources=resources,
         images={name: image_for(config, step) for name, step in resources.items()},
@@ -163,7 +201,38 @@ def compile_pipeline(
         beam_tasks={component.id for component in pipeline.components if uses_beam(component)},
         retries={"Trainer": config.kubeflow.trainer_retries},
     )
-    return job
+    # TFX puts the root in the PipelineJob's runtimeConfig; the IR carries it here, where KFP's
+    # compiler writes a pipeline's root and the backend reads it when a run names none.
+    pipeline_spec["defaultPipelineRoot"] = job["runtimeConfig"]["gcsOutputDirectory"]
+    volume = config.kubeflow.volume
+    platform_spec = (
+        volume_platform_spec(
+            pipeline_spec, claim_name=volume.claim_name, mount_path=volume.mount_path
+        )
+        if volume.claim_name
+        else {}
+    )
+    return CompiledPipeline(pipeline_spec=pipeline_spec, platform_spec=platform_spec)
+
+
+def volume_platform_spec(
+    pipeline_spec: Mapping[str, Any], *, claim_name: str, mount_path: str
+) -> dict[str, Any]:
+    """KFP's Kubernetes platform spec that mounts the PVC `claim_name` at `mount_path` in every
+    container executor, as `kfp.kubernetes.mount_pvc` writes it for a task."""
+    from google.protobuf import json_format
+    from kfp.kubernetes import kubernetes_executor_config_pb2 as k8s
+
+    mount = k8s.PvcMount(mount_path=mount_path)
+    mount.pvc_name_parameter.runtime_value.constant.string_value = claim_name
+    mount.constant = claim_name  # the deprecated field, which `mount_pvc` still writes too
+    executor = json_format.MessageToDict(k8s.KubernetesExecutorConfig(pvc_mount=[mount]))
+    platform = pipeline_spec_pb2.PlatformSpec()
+    executors = platform.platforms["kubernetes"].deployment_spec.executors
+    for label, spec in pipeline_spec["deploymentSpec"]["executors"].items():
+        if "container" in spec:  # an importer has no pod of its own
+            executors[label].update(executor)
+    return json_format.MessageToDict(platform)
 
 
 def uses_beam(component: Any) -> bool:
@@ -201,11 +270,24 @@ def step_resources(config: Config, component: Any) -> StepResources:
     return config.kubeflow.resources.for_step(step)
 
 
-def write_compiled(job: Mapping[str, Any], path: Path) -> None:
-    """Writes atomically: a failed write never leaves half a spec where a good one was."""
+def write_compiled(compiled: CompiledPipeline, path: Path) -> None:
+    """Writes the pipeline IR YAML with the KFP SDK's own writer, atomically: a failed write never
+    leaves half a spec where a good one was."""
+    from google.protobuf import json_format
+    from kfp.compiler import pipeline_spec_builder
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(job, indent=2, sort_keys=True), encoding="utf-8")
+    tmp = path.with_name(f".{path.name}.tmp.yaml")
+    pipeline_spec_builder.write_pipeline_spec_to_file(
+        pipeline_spec=json_format.ParseDict(
+            compiled.pipeline_spec, pipeline_spec_pb2.PipelineSpec()
+        ),
+        pipeline_description=None,
+        platform_spec=json_format.ParseDict(
+            compiled.platform_spec, pipeline_spec_pb2.PlatformSpec()
+        ),
+        package_path=str(tmp),
+    )
     tmp.replace(path)
 
 

@@ -24,6 +24,28 @@ REPO = Path(__file__).resolve().parent.parent
 _CKPT = re.compile(r"ckpt-(\d+)\b")
 
 
+def gpu_set_installed() -> bool:
+    """Whether this environment holds requirements-gpu.lock's packages (the CUDA wheels, NVML):
+    bin/envrun installs them only where it finds an NVIDIA driver or FULLTHROTTLE_ENV_GPU=1."""
+    import importlib.metadata
+
+    names = re.findall(r"^([A-Za-z0-9_.\-]+)==", (REPO / "requirements-gpu.lock").read_text(), re.M)
+    try:
+        for name in names:
+            importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return bool(names)
+
+
+# A CPU-only environment: the CUDA libraries are checked in the gpu image instead.
+needs_gpu_set = pytest.mark.skipif(
+    not gpu_set_installed(),
+    reason="a CPU-only environment (requirements-gpu.lock not installed); the gpu image's CUDA "
+    "libraries are checked by tests/host/check_image.sh",
+)
+
+
 def committed_checkpoint_step(pipeline_root: Path) -> int:
     """The newest *committed* Trainer checkpoint: the step the `checkpoint` state file names.
 

@@ -8,7 +8,8 @@ then the container's `lifecycle.preCacheCheck` command (ExampleGen's driver) and
 arguments exactly as the spec writes them, each as a local process. A task with a trigger
 condition runs only when the condition holds.
 
-What this is not: the KFP backend (its driver, launcher, caching, MLMD), pods, images or volumes.
+What this is not: the KFP backend (its driver, launcher, caching, MLMD), pods, images or volumes
+(tests/host/check_image.sh runs a root task's commands from here inside the built image).
 """
 
 from __future__ import annotations
@@ -64,14 +65,81 @@ def _condition_holds(condition: str, runs: dict[str, TaskRun]) -> bool:
     return value is not None and float(value) == float(match["value"])
 
 
-def run_spec(job: dict[str, Any], *, env: dict[str, str], log_dir: Path) -> dict[str, TaskRun]:
-    """Runs every task of the compiled `job` (a KFP PipelineJob dict); returns each task's run.
+def task_commands(
+    pipeline_spec: dict[str, Any],
+    name: str,
+    *,
+    pipeline_root: str,
+    run_id: str,
+    upstream: dict[str, TaskRun] | None = None,
+) -> tuple[list[list[str]], pipeline_spec_pb2.ExecutorInput]:
+    """The commands KFP runs for task `name` (its `lifecycle.preCacheCheck`, if any, then its
+    container's command and args), placeholders resolved against the executor input KFP's driver
+    builds, and that executor input. `upstream`: the runs of the tasks it reads artifacts from."""
+    spec = json_format.ParseDict(pipeline_spec, pipeline_spec_pb2.PipelineSpec())
+    task = spec.root.dag.tasks[name]
+    component = spec.components[task.component_ref.name]
+    container = pipeline_spec["deploymentSpec"]["executors"][component.executor_label]["container"]
+    task_root = f"{pipeline_root}/{run_id}/{name}"
+    executor_input = pipeline_spec_pb2.ExecutorInput()
+    for key, parameter in task.inputs.parameters.items():
+        if not parameter.HasField("runtime_value"):
+            raise ValueError(f"{name}.{key}: only constant parameters are run here")
+        executor_input.inputs.parameter_values[key].CopyFrom(parameter.runtime_value.constant)
+    for key, argument in task.inputs.artifacts.items():
+        producer = argument.task_output_artifact
+        for artifact in (upstream or {})[producer.producer_task].outputs[
+            producer.output_artifact_key
+        ]:
+            json_format.ParseDict(artifact, executor_input.inputs.artifacts[key].artifacts.add())
+    for key, definition in component.output_definitions.artifacts.items():
+        executor_input.outputs.artifacts[key].artifacts.add(
+            name=f"{run_id}.{name}.{key}", type=definition.artifact_type, uri=f"{task_root}/{key}"
+        )
+    executor_input.outputs.output_file = f"{task_root}/executor_output.json"
+    executor_input_dict = json_format.MessageToDict(executor_input)
+    commands = []
+    hook = container.get("lifecycle", {}).get("preCacheCheck")
+    if hook:
+        commands.append([*hook["command"], *hook["args"]])
+    commands.append([*container["command"], *container["args"]])
+    resolved = [
+        placeholder_utils.replace_placeholders(
+            command,
+            executor_input_dict,
+            pipeline_resource_name=spec.pipeline_info.name,
+            task_resource_name=name,
+            pipeline_root=pipeline_root,
+            unique_pipeline_id=run_id,
+        )
+        for command in commands
+    ]
+    return resolved, executor_input
+
+
+def read_outputs(executor_input: pipeline_spec_pb2.ExecutorInput) -> dict[str, list[dict]]:
+    """The task's output artifacts as the spec declares them, with what its executor returned
+    (metadata, properties) in `outputFile`."""
+    declared = {
+        key: [json_format.MessageToDict(a) for a in artifacts.artifacts]
+        for key, artifacts in executor_input.outputs.artifacts.items()
+    }
+    returned = json.loads(Path(executor_input.outputs.output_file).read_text())
+    for key, artifacts in returned.get("artifacts", {}).items():
+        # The executor returns what it learnt (metadata, properties); type from the spec.
+        for mine, theirs in zip(declared[key], artifacts.get("artifacts", []), strict=False):
+            mine.update({k: v for k, v in theirs.items() if k != "type"})
+    return declared
+
+
+def run_spec(
+    pipeline_spec: dict[str, Any], *, pipeline_root: str, env: dict[str, str], log_dir: Path
+) -> dict[str, TaskRun]:
+    """Runs every task of the compiled pipeline as local processes; returns each task's run.
     Raises with the task's log when a process fails."""
     import time
 
-    spec = json_format.ParseDict(job["pipelineSpec"], pipeline_spec_pb2.PipelineSpec())
-    executors = job["pipelineSpec"]["deploymentSpec"]["executors"]
-    pipeline_root = job["runtimeConfig"]["gcsOutputDirectory"]
+    spec = json_format.ParseDict(pipeline_spec, pipeline_spec_pb2.PipelineSpec())
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     log_dir.mkdir(parents=True, exist_ok=True)
     runs: dict[str, TaskRun] = {}
@@ -83,65 +151,25 @@ def run_spec(job: dict[str, Any], *, env: dict[str, str], log_dir: Path) -> dict
             task.trigger_policy.condition, runs
         ):
             continue
-        component = spec.components[task.component_ref.name]
-        container = executors[component.executor_label]["container"]
-        task_root = f"{pipeline_root}/{run_id}/{name}"
-        executor_input = pipeline_spec_pb2.ExecutorInput()
-        for key, parameter in task.inputs.parameters.items():
-            if not parameter.HasField("runtime_value"):
-                raise ValueError(f"{name}.{key}: only constant parameters are run here")
-            executor_input.inputs.parameter_values[key].CopyFrom(parameter.runtime_value.constant)
-        for key, argument in task.inputs.artifacts.items():
-            producer = argument.task_output_artifact
-            for artifact in runs[producer.producer_task].outputs[producer.output_artifact_key]:
-                json_format.ParseDict(
-                    artifact, executor_input.inputs.artifacts[key].artifacts.add()
-                )
-        for key, definition in component.output_definitions.artifacts.items():
-            executor_input.outputs.artifacts[key].artifacts.add(
-                name=f"{run_id}.{name}.{key}",
-                type=definition.artifact_type,
-                uri=f"{task_root}/{key}",
-            )
-        executor_input.outputs.output_file = f"{task_root}/executor_output.json"
-        Path(task_root).mkdir(parents=True, exist_ok=True)
-        executor_input_dict = json_format.MessageToDict(executor_input)
-        commands = []
-        hook = container.get("lifecycle", {}).get("preCacheCheck")
-        if hook:
-            commands.append([*hook["command"], *hook["args"]])
-        commands.append([*container["command"], *container["args"]])
+        commands, executor_input = task_commands(
+            pipeline_spec, name, pipeline_root=pipeline_root, run_id=run_id, upstream=runs
+        )
+        task_root = Path(executor_input.outputs.output_file).parent
+        task_root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         for number, command in enumerate(commands):
-            resolved = placeholder_utils.replace_placeholders(
-                command,
-                executor_input_dict,
-                pipeline_resource_name=spec.pipeline_info.name,
-                task_resource_name=name,
-                pipeline_root=pipeline_root,
-                unique_pipeline_id=run_id,
-            )
             log = log_dir / f"{name}-{number}.log"
             with open(log, "w") as out:
                 done = subprocess.run(
-                    resolved, env=env, cwd=task_root, stdout=out, stderr=subprocess.STDOUT
+                    command, env=env, cwd=task_root, stdout=out, stderr=subprocess.STDOUT
                 )
-            run.commands.append(resolved)
+            run.commands.append(command)
             if done.returncode != 0:
                 raise AssertionError(
                     f"task {name} failed ({' '.join(command[:3])}...):\n{log.read_text()[-6000:]}"
                 )
         run.ran, run.seconds = True, time.monotonic() - started
-        declared = {
-            key: [json_format.MessageToDict(a) for a in artifacts.artifacts]
-            for key, artifacts in executor_input.outputs.artifacts.items()
-        }
-        returned = json.loads(Path(executor_input.outputs.output_file).read_text())
-        for key, artifacts in returned.get("artifacts", {}).items():
-            # The executor returns what it learnt (metadata, properties); type from the spec.
-            for mine, theirs in zip(declared[key], artifacts.get("artifacts", []), strict=False):
-                mine.update({k: v for k, v in theirs.items() if k != "type"})
-        run.outputs = declared
+        run.outputs = read_outputs(executor_input)
     return runs
 
 
@@ -153,3 +181,25 @@ def local_env(repo: Path, tmp: Path) -> dict[str, str]:
     env["TMPDIR"] = str(tmp)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env
+
+
+def main(argv: list[str]) -> int:
+    """`python -m tests.kfp_local SPEC TASK RUN_ID`: prints, as JSON, the commands KFP would run
+    for a root task (one with no upstream artifacts) of the compiled IR YAML SPEC, and where its
+    executor writes `outputFile`; for running them elsewhere (tests/host/check_image.sh runs them
+    inside the image)."""
+    import yaml
+
+    spec_path, name, run_id = argv
+    pipeline_spec = next(yaml.safe_load_all(Path(spec_path).read_text()))
+    commands, executor_input = task_commands(
+        pipeline_spec, name, pipeline_root=pipeline_spec["defaultPipelineRoot"], run_id=run_id
+    )
+    print(json.dumps({"commands": commands, "output_file": executor_input.outputs.output_file}))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

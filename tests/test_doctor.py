@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from fullthrottle.commands.doctor import cpu_facts, notes_for, render, warnings_for
-from tests.helpers import run_cli
+from tests.helpers import gpu_set_installed, run_cli
 from trainer_module.training.hardware import PROC_DRIVER_VERSION
 
 GPUS = tf.config.list_physical_devices("GPU")
@@ -57,18 +57,28 @@ def test_doctor_reports_versions_bf16_and_the_auto_choices_of_this_machine():
     build = tf.sysconfig.get_build_info()
     assert report["tensorflow"]["cuda_version"] == build.get("cuda_version")
     assert report["tensorflow"]["cudnn_version"] == build.get("cudnn_version")
-    # The CUDA libraries of the build load from the lock's wheels, and say their versions.
     libraries = {lib["soname"]: lib for lib in report["cuda_libraries"]}
-    assert libraries and all(lib["error"] is None for lib in libraries.values()), libraries
-    assert all("site-packages/nvidia/" in lib["path"] for lib in libraries.values())
-    assert libraries["libcudart.so.12"]["version"].startswith("12.")
-    assert libraries["libcudnn.so.9"]["version"].startswith("9.")
+    if gpu_set_installed():
+        # The CUDA libraries of the build load from the lock's wheels, and say their versions.
+        assert libraries and all(lib["error"] is None for lib in libraries.values()), libraries
+        assert all("site-packages/nvidia/" in lib["path"] for lib in libraries.values())
+        assert libraries["libcudart.so.12"]["version"].startswith("12.")
+        assert libraries["libcudnn.so.9"]["version"].startswith("9.")
+    else:
+        # A CPU-only environment: none is installed (a note below, not a warning).
+        assert libraries and all(lib["error"] for lib in libraries.values()), libraries
     assert report["tensorflow"]["gpus"] == [
         {"name": d.name, **_details(d)} for d in tf.config.list_physical_devices("GPU")
     ]
+    # Without the gpu set NVML's binding is not installed; with it, the driver's library is missing.
+    nvml_error = (
+        "NVML Shared Library Not Found"
+        if gpu_set_installed()
+        else "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+    )
     if NO_DRIVER_HERE:
         assert report["driver"] == {
-            "error": "NVML Shared Library Not Found",
+            "error": nvml_error,
             "driver_version": None,
             "cuda_level": None,
             "gpus": [],
@@ -78,7 +88,13 @@ def test_doctor_reports_versions_bf16_and_the_auto_choices_of_this_machine():
         assert environment["kernel_driver"] is None and environment["device_nodes"] == []
         assert "libcuda.so.1" in environment["libcuda_error"]
         assert report["interconnect"] is None
-        assert report["warnings"] == [] and report["notes"] == []  # no GPU is not a problem
+        assert report["warnings"] == []  # no GPU is not a problem
+        cpu_only = [] if gpu_set_installed() else [
+            "a CPU-only environment: TensorFlow's CUDA libraries (requirements-gpu.lock, the "
+            "`gpu` extra) are not installed, nor needed without a GPU; bin/envrun installs them "
+            "where it finds an NVIDIA driver, or with FULLTHROTTLE_ENV_GPU=1"
+        ]  # fmt: skip
+        assert report["notes"] == cpu_only
 
 
 def _details(device) -> dict:
@@ -108,15 +124,20 @@ def test_doctor_text_says_this_cpu_has_native_bf16():
         assert "native bf16    no" in text
     assert "What `auto` picks here" in text and "precision" in text
     if NO_DRIVER_HERE:  # says so, and that it is fine: exit status 0
-        assert (
-            "  driver         none found: NVML does not start (NVML Shared Library Not Found)"
-            in text
+        nvml_error = (
+            "NVML Shared Library Not Found"
+            if gpu_set_installed()
+            else "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
         )
+        assert f"  driver         none found: NVML does not start ({nvml_error})" in text
         assert (
             "  TensorFlow     sees no GPU, training runs on the CPU: no NVIDIA driver "
             "(libcuda.so.1 cannot be loaded)"
         ) in text
-        assert "CUDA libraries 9 of 9 load (cudart 12." in text
+        if gpu_set_installed():
+            assert "CUDA libraries 9 of 9 load (cudart 12." in text
+        else:
+            assert "CUDA libraries 0 of 9 load" in text and "a CPU-only environment" in text
         assert text.rstrip().endswith("No known pitfalls found.")
 
 

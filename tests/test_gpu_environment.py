@@ -1,5 +1,5 @@
-"""The locked environment is GPU-capable, and on a machine without a GPU it says so and trains on
-the CPU.
+"""The locked environment is GPU-capable where it holds the gpu set, and on a machine without a
+GPU it says so and trains on the CPU.
 
 TensorFlow 2.21's Linux wheel is a CUDA 12 build; the lock adds the CUDA libraries as wheels
 (`tensorflow[and-cuda]`), which TensorFlow finds through the RUNPATH of its own shared objects
@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
+from tests.helpers import gpu_set_installed, needs_gpu_set
 from trainer_module.training import hardware
 
 GPUS = tf.config.list_physical_devices("GPU")
@@ -84,6 +85,7 @@ def test_the_library_folders_are_tensorflow_s_runpath_after_ld_library_path():
 
 
 @needs_readelf
+@needs_gpu_set
 def test_the_cuda_libraries_load_by_name_from_the_wheels_as_tensorflow_finds_them():
     dirs = _tensorflow_library_dirs()
     assert any("/nvidia/cudnn/lib" in d for d in dirs), dirs
@@ -138,9 +140,15 @@ print(json.dumps(out))
 
 
 def test_nvml_is_installed_and_says_when_there_is_no_driver():
+    facts = hardware.nvml_facts()
+    if not gpu_set_installed():
+        # A CPU-only environment has no NVML binding: said, not raised.
+        assert facts == hardware.NvmlFacts(
+            error="nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+        )
+        return
     import pynvml
 
-    facts = hardware.nvml_facts()
     if GPUS:
         pynvml.nvmlInit()
         assert pynvml.nvmlDeviceGetCount() >= len(GPUS)

@@ -23,7 +23,12 @@ from fullthrottle.core.config import load_config
 from fullthrottle.core.staging import prepare_data
 from fullthrottle.tracking import remote_trainer_link
 from fullthrottle.tracking.names import CREATED_BY_TAG, PIPELINE_KEY_TAG
-from pipelines.kubeflow_v2_runner import ENTRYPOINT, compile_pipeline, kubeflow_paths
+from pipelines.kubeflow_v2_runner import (
+    ENTRYPOINT,
+    CompiledPipeline,
+    compile_pipeline,
+    kubeflow_paths,
+)
 from tests.helpers import REPO, served_dirs
 from tests.kfp_local import local_env, run_spec
 from tests.tracking_server import MlflowServer
@@ -35,7 +40,7 @@ ORDER = ("CsvExampleGen", "StatisticsGen", "ExampleValidator", "DataGate", "Tran
          "Trainer", "Evaluator", "Pusher")  # fmt: skip
 
 
-def _compile(root: Path, tracking_uri: str) -> tuple[dict, object]:
+def _compile(root: Path, tracking_uri: str) -> tuple[CompiledPipeline, object]:
     """`fullthrottle compile --target kubeflow` with MLFLOW_TRACKING_URI set, as the command
     does it (config, the Trainer's link from the environment, compile)."""
     # The schema is read by the ImportSchema pod: a URI it reaches, not this project's path.
@@ -44,6 +49,8 @@ def _compile(root: Path, tracking_uri: str) -> tuple[dict, object]:
     config = load_config(
         overrides=[
             f"output_dir={root / 'local'}",
+            # `root` stands for the volume every pod mounts.
+            f"kubeflow.volume.mount_path={root}",
             f"kubeflow.pipeline_root={root / 'pipeline_root'}",
             f"kubeflow.input_base={root / 'data'}",
             f"kubeflow.serving_dir={root / 'serving'}",
@@ -78,29 +85,34 @@ def kubeflow_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("kubeflow_run")
     server = MlflowServer(root / "mlflow")
     try:
-        job, config = _compile(root, server.uri)
+        compiled, config = _compile(root, server.uri)
         # What `fullthrottle run` stages before ExampleGen; on Kubeflow it is copied to input_base.
         prepared = prepare_data(load_config(overrides=[f"output_dir={root / 'local'}"]))
         (root / "data").mkdir()
         shutil.copyfile(Path(prepared.input_base) / "data.csv", root / "data" / "data.csv")
         (root / "tmp").mkdir()
-        runs = run_spec(job, env=local_env(REPO, root / "tmp"), log_dir=root / "logs")
-        yield root, job, runs, server, config
+        runs = run_spec(
+            compiled.pipeline_spec,
+            pipeline_root=compiled.pipeline_root,
+            env=local_env(REPO, root / "tmp"),
+            log_dir=root / "logs",
+        )
+        yield root, compiled, runs, server, config
     finally:
         server.stop()
 
 
-def _trainer_custom_config(job: dict) -> dict:
-    value = job["pipelineSpec"]["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]
+def _trainer_custom_config(compiled: CompiledPipeline) -> dict:
+    value = compiled.pipeline_spec["root"]["dag"]["tasks"]["Trainer"]["inputs"]["parameters"]
     return json.loads(value["custom_config"]["runtimeValue"]["constant"])
 
 
 def test_every_task_runs_the_spec_s_command_and_a_model_is_pushed(kubeflow_run):
-    root, job, runs, _, _ = kubeflow_run
+    root, compiled, runs, _, _ = kubeflow_run
     ran = [name for name, run in runs.items() if run.ran]
     assert set(ORDER) <= set(ran), ran
     assert [n for n in ran if n in ORDER] == list(ORDER)  # DAG order
-    executors = job["pipelineSpec"]["deploymentSpec"]["executors"]
+    executors = compiled.pipeline_spec["deploymentSpec"]["executors"]
     for name in ORDER:
         command = runs[name].commands[-1]
         container = executors[f"{name}_executor"]["container"]
@@ -118,8 +130,8 @@ def test_every_task_runs_the_spec_s_command_and_a_model_is_pushed(kubeflow_run):
 
 
 def test_the_trainer_tracks_into_mlflow_from_the_spec_s_link(kubeflow_run):
-    root, job, _, server, config = kubeflow_run
-    link = _trainer_custom_config(job)["tracking"]
+    root, compiled, _, server, config = kubeflow_run
+    link = _trainer_custom_config(compiled)["tracking"]
     assert link["uri"] == server.uri and "parent_run_id" not in link
     client = MlflowClient(server.uri)
     experiment = client.get_experiment_by_name(config.pipeline_name)
@@ -147,7 +159,7 @@ def test_the_trainer_tracks_into_mlflow_from_the_spec_s_link(kubeflow_run):
 
 
 def test_the_link_is_the_same_in_every_compile_so_caching_holds(kubeflow_run, tmp_path):
-    root, job, _, server, _ = kubeflow_run
+    root, compiled, _, server, _ = kubeflow_run
     again, _ = _compile(root, server.uri)
     # TFX and KFP key the Trainer's cache on its parameters: nothing in them changes per run.
-    assert _trainer_custom_config(again) == _trainer_custom_config(job)
+    assert _trainer_custom_config(again) == _trainer_custom_config(compiled)

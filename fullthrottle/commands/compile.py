@@ -1,4 +1,4 @@
-"""`fullthrottle compile --target kubeflow`: the pipeline as a KFP v2 pipeline spec (JSON)."""
+"""`fullthrottle compile --target kubeflow`: the pipeline as KFP v2 pipeline IR YAML."""
 
 from __future__ import annotations
 
@@ -12,19 +12,20 @@ from fullthrottle.core import exit_status
 from fullthrottle.core.errors import ConfigError
 
 TARGETS = ("kubeflow",)
-DEFAULT_OUTPUT = "fullthrottle-kubeflow.json"
+DEFAULT_OUTPUT = "fullthrottle-kubeflow.yaml"
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "compile",
-        help="compile the pipeline for Kubeflow Pipelines v2 (a pipeline-spec JSON)",
+        help="compile the pipeline for Kubeflow Pipelines v2 (pipeline IR YAML)",
         description=(
             "Builds the same pipeline as `fullthrottle run` with the paths the pods see "
             "(kubeflow.pipeline_root, kubeflow.input_base, kubeflow.serving_dir), the image "
             "(kubeflow.image), Beam args for the data components (kubeflow.beam_args), per-step "
             "resources (kubeflow.resources) and, with kubeflow.tfjob.enabled, the Trainer as a "
-            "multi-worker TFJob; writes a KFP PipelineJob JSON for `fullthrottle submit`. With "
+            "multi-worker TFJob, and the volume of the roots (kubeflow.volume, a PVC); writes the "
+            "pipeline IR YAML that the KFP UI, kfp.Client and `fullthrottle submit` upload. With "
             "tracking.uri or MLFLOW_TRACKING_URI set to a tracking server, the Trainer tracks "
             "into it from the pod. "
             "Contacts nothing: object-store paths are written as given."
@@ -35,6 +36,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
             "  fullthrottle compile --target kubeflow --image registry.example.com/fullthrottle:0.1.0 "
             "--cpu-image registry.example.com/fullthrottle:0.1.0-cpu\n"
             "  fullthrottle compile --target kubeflow --pipeline-root gs://bucket/root --no-cache\n"
+            "  fullthrottle compile --target kubeflow --preset gpu      # the Trainer asks for a GPU\n"
             "  fullthrottle compile --target kubeflow --preset multi_worker --set kubeflow.tfjob.enabled=true\n"
             "See docs/kubeflow.md."
         ),
@@ -86,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--output {output} is a folder; give a file name such as {output / DEFAULT_OUTPUT}"
         )
+    if output.suffix.lower() not in (".yaml", ".yml"):
+        raise ConfigError(
+            f"--output {output}: the compiled pipeline is KFP's pipeline IR YAML (what the KFP UI "
+            f"and kfp.Client upload); name the file .yaml, e.g. {output.with_suffix('.yaml')}"
+        )
 
     from fullthrottle.core.redact import redact_text
     from fullthrottle.tracking import remote_trainer_link
@@ -93,14 +100,17 @@ def run(args: argparse.Namespace) -> int:
         caching_enabled,
         compile_pipeline,
         kubeflow_paths,
+        wants_accelerator,
         write_compiled,
     )
 
     paths = kubeflow_paths(config)
     link = remote_trainer_link(config, pipeline_root=paths["pipeline_root"])
-    job = compile_pipeline(config, trainer_tracking=link)
-    write_compiled(job, output)
-    tasks = sorted(_task_names(job["pipelineSpec"]))
+    compiled = compile_pipeline(config, trainer_tracking=link)
+    write_compiled(compiled, output)
+    tasks = sorted(_task_names(compiled.pipeline_spec))
+    volume = config.kubeflow.volume
+    trainer = config.kubeflow.resources.for_step("trainer")
     print(
         "\n".join(
             [
@@ -110,6 +120,18 @@ def run(args: argparse.Namespace) -> int:
                 f"  pipeline root: {paths['pipeline_root']}",
                 f"  input base:    {paths['input_base']}",
                 f"  serving dir:   {paths['serving_dir']}",
+                "  volume:        "
+                + (
+                    f"PVC {volume.claim_name!r} at {volume.mount_path} in every step"
+                    if volume.claim_name
+                    else "none"
+                ),
+                "  trainer GPUs:  "
+                + (
+                    f"{trainer.accelerator_count} {trainer.accelerator_type}"
+                    if wants_accelerator(trainer)
+                    else "none (--preset gpu or kubeflow.resources.trainer.accelerator_count asks)"
+                ),
                 f"  beam args:     {' '.join(config.kubeflow.beam_args) or '(none)'}",
                 f"  caching:       {'on' if caching_enabled(config) else 'off'}",
                 "  trainer:       "

@@ -197,7 +197,7 @@ def warnings_for(report: dict[str, Any]) -> list[str]:
             + hardware.no_gpu_reason(environment)
         )
     missing = [lib["soname"] for lib in report["cuda_libraries"] if lib["error"]]
-    if tf_facts["is_cuda_build"] and missing:
+    if tf_facts["is_cuda_build"] and missing and not cpu_only_environment(report):
         add(hardware.missing_libraries_advice(missing))
     driver_version = driver["driver_version"] or environment.kernel_driver
     need = hardware.driver_too_old(driver_version or "", tf_facts["cuda_version"])
@@ -269,9 +269,27 @@ def warnings_for(report: dict[str, Any]) -> list[str]:
     return found
 
 
+def cpu_only_environment(report: dict[str, Any]) -> bool:
+    """No GPU here and none of the CUDA libraries installed: the CPU install set, as bin/envrun
+    builds it where there is no NVIDIA driver. Nothing is broken then."""
+    environment = hardware.GpuEnvironment(**report["gpu_environment"])
+    libraries = report["cuda_libraries"]
+    return (
+        bool(libraries)
+        and all(lib["error"] for lib in libraries)
+        and not (environment.driver_present or report["driver"]["gpus"])
+    )
+
+
 def notes_for(report: dict[str, Any]) -> list[str]:
     """Facts worth knowing that need no fixing. Pure, like `warnings_for`."""
     notes = []
+    if cpu_only_environment(report):
+        notes.append(
+            "a CPU-only environment: TensorFlow's CUDA libraries (requirements-gpu.lock, the "
+            "`gpu` extra) are not installed, nor needed without a GPU; bin/envrun installs them "
+            "where it finds an NVIDIA driver, or with FULLTHROTTLE_ENV_GPU=1"
+        )
     tf_facts, driver = report["tensorflow"], report["driver"]
     hidden = report["gpu_environment"]["cuda_visible_devices"]
     if hidden and hidden.strip() not in ("-1",) and driver["gpus"]:

@@ -41,6 +41,7 @@ from pydantic import (
 
 from fullthrottle.core.errors import ConfigError
 from fullthrottle.core.features import check_internal_names
+from fullthrottle.core.object_stores import check_location, scheme_of
 from fullthrottle.core.paths import missing_path_message
 from trainer_module.training.config import TrainingConfig
 
@@ -125,13 +126,20 @@ Image = Annotated[
 ]
 NonBlank = Annotated[str, _must(str.strip, "must not be blank")]
 Location = Annotated[
-    str, Field(min_length=1, description="give a gs://, s3:// URI or a volume path")
+    str, Field(min_length=1, description="give a gs:// URI or a path on the volume")
 ]
 Namespace = Annotated[
     str,
     _must(
         re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?").fullmatch,
         "must be a Kubernetes namespace name (lowercase letters, digits and '-')",
+    ),
+]
+KubernetesName = Annotated[
+    str,
+    _must(
+        re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?").fullmatch,
+        "must be a Kubernetes object name (lowercase letters, digits, '-' and '.')",
     ),
 ]
 CpuQuantity = Annotated[str, _quantity("must be a CPU quantity like '2', '0.5' or '500m'")]
@@ -370,12 +378,14 @@ class StepResources:
 DEFAULT_STEP_RESOURCES = StepResources(cpu_request="2", memory_request="4Gi", memory_limit="8Gi")
 BUILTIN_STEP_RESOURCES: Mapping[str, StepResources] = types.MappingProxyType(
     {
+        # No GPU unless asked (`--preset gpu`, `multi_gpu`, or `accelerator_count`): a CPU-only
+        # cluster's first run must schedule. The type is there so that a count alone asks.
         "trainer": StepResources(
             cpu_request="4",
             memory_request="16Gi",
             memory_limit="32Gi",
             accelerator_type="nvidia.com/gpu",
-            accelerator_count=1,
+            accelerator_count=0,
         )
     }
 )
@@ -423,6 +433,18 @@ class TFJobConfig:
 
 
 @_section
+class VolumeConfig:
+    """The PersistentVolumeClaim every Kubeflow step and TFJob replica mounts (`kubeflow.volume`),
+    where the default roots live. `claim_name: null` mounts none: then every root must be an
+    object-store URI."""
+
+    claim_name: KubernetesName | None = "fullthrottle"  # an existing PVC in the run's namespace
+    mount_path: Annotated[
+        str, _must(lambda path: path.startswith("/") and path != "/", "must be an absolute path")
+    ] = "/mnt/fullthrottle"
+
+
+@_section
 class KubeflowConfig:
     """How `fullthrottle compile --target kubeflow` builds the KFP v2 spec (`kubeflow:` section).
 
@@ -433,6 +455,8 @@ class KubeflowConfig:
     # Image of the steps that request no accelerator (the Dockerfile's smaller `cpu` target);
     # None: they run `image` too. Steps with a GPU and TFJob replicas always run `image`.
     cpu_image: Image | None = None
+    # A path under `volume.mount_path` (the PVC) or a gs:// URI (docs/kubeflow.md, object stores).
+    volume: VolumeConfig = field(default_factory=VolumeConfig)
     pipeline_root: Location = "/mnt/fullthrottle/pipeline_root"  # the pipeline name is appended
     input_base: Location = "/mnt/fullthrottle/data"  # input files, staged as `run` stages them
     serving_dir: Location = "/mnt/fullthrottle/serving"  # the model name is appended
@@ -455,6 +479,15 @@ class KubeflowConfig:
     tfjob: TFJobConfig = field(default_factory=TFJobConfig)
 
     def __post_init__(self) -> None:
+        for name in ("pipeline_root", "input_base", "serving_dir"):
+            location = getattr(self, name)
+            check_location(location, field=name)
+            if scheme_of(location) is None and not location.startswith("/"):
+                raise ConfigError(
+                    f"{location!r} is relative; give a path the pods see (under "
+                    f"`volume.mount_path`, {self.volume.mount_path}) or a gs:// URI",
+                    field=name,
+                )
         flags = {arg.split("=", 1)[0] for arg in self.beam_args}
         for arg in self.beam_args:
             if arg.startswith("--runner="):
@@ -516,9 +549,13 @@ class Config:
 PRESETS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
     {
         "cpu": {"training": {"strategy": "one_device", "precision": "auto"}},
-        "gpu": {"training": {"strategy": "one_device", "precision": "auto", "jit_compile": True}},
+        "gpu": {
+            "training": {"strategy": "one_device", "precision": "auto", "jit_compile": True},
+            "kubeflow": {"resources": {"trainer": {"accelerator_count": 1}}},
+        },
         "multi_gpu": {
-            "training": {"strategy": "mirrored", "precision": "auto", "jit_compile": True}
+            "training": {"strategy": "mirrored", "precision": "auto", "jit_compile": True},
+            "kubeflow": {"resources": {"trainer": {"accelerator_count": 2}}},
         },
         "multi_worker": {"training": {"strategy": "multi_worker", "precision": "auto"}},
     }

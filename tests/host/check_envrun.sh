@@ -71,7 +71,9 @@ echo "the NVML library" >"$drv/libnvidia-ml.so.550.54.15"
 ln -s libnvidia-ml.so.550.54.15 "$drv/libnvidia-ml.so.1"
 printf '2 libs found in cache\n\tlibcuda.so.1 (libc6,x86-64) => %s/libcuda.so.1\n\tlibnvidia-ml.so.1 (libc6,x86-64) => %s/libnvidia-ml.so.1\n' "$drv" "$drv" >"$drv/ldconfig"
 printf 'null\nnvidia0\nnvidiactl\nnvidia-uvm\n' >"$drv/dev"
-inside=$(FULLTHROTTLE_NVIDIA_LDCONFIG="$drv/ldconfig" FULLTHROTTLE_NVIDIA_DEV="$drv/dev" "$ENVRUN" sh -c \
+# FULLTHROTTLE_ENV_GPU=0: the same (CPU) environment; with a real driver envrun would install
+# the gpu set (the CUDA wheels) into an environment of its own.
+inside=$(FULLTHROTTLE_ENV_GPU=0 FULLTHROTTLE_NVIDIA_LDCONFIG="$drv/ldconfig" FULLTHROTTLE_NVIDIA_DEV="$drv/dev" "$ENVRUN" sh -c \
     'cat /usr/local/nvidia/lib64/libcuda.so.1 /usr/local/nvidia/lib64/libnvidia-ml.so.1; echo "ld=$LD_LIBRARY_PATH"; if (echo x >/usr/local/nvidia/lib64/libcuda.so.1) 2>/dev/null; then echo writable; fi' 2>"$log") ||
     { cat "$log" >&2; fail "entering with driver files failed"; }
 expected=$(printf 'the driver library\nthe NVML library\nld=/usr/local/nvidia/lib64')

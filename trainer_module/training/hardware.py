@@ -413,8 +413,9 @@ def missing_libraries_advice(missing: Sequence[str]) -> str:
     """What to say when CUDA libraries of the build do not load."""
     return (
         f"TensorFlow's CUDA libraries do not load ({', '.join(missing)}): the environment lacks "
-        "the `tensorflow[and-cuda]` wheels; rebuild it (bin/envrun rebuilds a deleted or "
-        "incomplete environment) or, in a venv of your own, pip install 'tensorflow[and-cuda]'"
+        "the `tensorflow[and-cuda]` wheels (requirements-gpu.lock); bin/envrun installs them where "
+        "it finds an NVIDIA driver, FULLTHROTTLE_ENV_GPU=1 asks for them anyway, and it rebuilds "
+        "a deleted or incomplete environment; in a venv of your own, pip install '.[gpu]'"
     )
 
 

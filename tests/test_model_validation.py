@@ -284,6 +284,8 @@ def test_a_worse_model_is_not_pushed_and_says_why_with_both_metrics(two_runs):
 
 
 @pytest.mark.slow
+# MLflow's own SQLAlchemy store, read directly here (third-party code we cannot change).
+@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy:DeprecationWarning")
 def test_champion_stays_on_the_model_that_passed(two_runs):
     output_dir, first = two_runs.output_dir, two_runs.first
     client = MlflowClient(f"sqlite:///{output_dir / 'mlflow' / 'mlflow.db'}")

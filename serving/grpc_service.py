@@ -88,6 +88,15 @@ def as_proto_field(array: Any, dtype: Any = None) -> Any:
     return proto
 
 
+def _type_name(dtype: int) -> str:
+    """TensorFlow's DataTypeString ("float", "int64"), as its session's messages write it."""
+    from tensorflow.core.framework import types_pb2
+
+    if dtype == types_pb2.DT_INVALID:
+        return "invalid"
+    return types_pb2.DataType.Name(dtype).removeprefix("DT_").lower()
+
+
 def _spec(model_spec: Any) -> tuple[str, int | None, str | None]:
     choice = model_spec.WhichOneof("version_choice")
     version = model_spec.version.value if choice == "version" else None
@@ -157,9 +166,8 @@ class PredictionService:
             for key, proto in request.inputs.items():
                 if key in dtypes and proto.dtype != dtypes[key]:
                     raise invalid_argument(
-                        f"Expects arg[{key}] to be {tf.dtypes.as_dtype(dtypes[key]).name} but "
-                        f"{tf.dtypes.as_dtype(proto.dtype).name if proto.dtype else 'invalid'} "
-                        "is provided"
+                        f"Expects arg[{key}] to be {_type_name(dtypes[key])} but "
+                        f"{_type_name(proto.dtype)} is provided"
                     )
                 try:
                     inputs[key] = tf.make_ndarray(proto)

@@ -389,11 +389,29 @@ def predict(
         if alias in seen:
             raise invalid_argument(f"duplicate output tensor alias: {alias}")
         seen.add(alias)
+    for name, value in inputs.items():
+        _check_shape(name, np.shape(value), signature_def.inputs[name].tensor_shape)
     keywords = loaded.keywords.get(signature_name or DEFAULT_SIGNATURE, {})
     outputs = _run(function, {keywords.get(name, name): value for name, value in inputs.items()})
     if output_filter:
         outputs = {name: outputs[name] for name in output_filter}
     return outputs
+
+
+def _check_shape(name: str, shape: tuple[int, ...], declared: Any) -> None:
+    """Refuses an input whose shape the signature does not take, naming both shapes (TF
+    Serving leaves this to the graph, whose kernel then refuses it in its own words)."""
+    if declared.unknown_rank:
+        return
+    sizes = [dim.size for dim in declared.dim]
+    fits = len(shape) == len(sizes) and all(
+        want < 0 or want == got for want, got in zip(sizes, shape, strict=True)
+    )
+    if not fits:
+        shown = ",".join("?" if size < 0 else str(size) for size in sizes)
+        raise invalid_argument(
+            f"input {name} has shape [{','.join(map(str, shape))}]; the signature takes [{shown}]"
+        )
 
 
 def _joined(names: Any) -> str:

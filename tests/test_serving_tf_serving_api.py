@@ -271,6 +271,10 @@ REST_PARITY = [
          {"signature_name": "half", "instances": [[1.0, 2.0], [1.0]]}, "INVALID_ARGUMENT",
          "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: Expecting "
          "tensor size: 2 but got: 1", JSON_TENSOR),
+    # The model's own kernel refuses it; TF Serving passes the session's status on.
+    Case("shapes the model cannot combine", "POST", ":predict",
+         {"inputs": {"x": [1.0, 2.0], "flag": [True]}}, "INVALID_ARGUMENT", "shapes",
+         PREDICT_UTIL, exact=False),
     Case("classify on a predict signature", "POST", ":classify", {"examples": [{"x": 1.0}]},
          "INVALID_ARGUMENT", "Expected classification signature method_name to be "
          "tensorflow/serving/classify. Was: tensorflow/serving/predict", CLASSIFIER),

@@ -10,6 +10,7 @@ GitPython from this package's checkout, wherever the command was started. Outsid
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from pathlib import Path
@@ -62,10 +63,9 @@ def source_tags() -> dict[str, str]:
     program = sys.argv[0] if sys.argv and sys.argv[0] else ""
     if program:
         tags[MLFLOW_SOURCE_NAME] = program
-    try:
+    # No user name in this container (KeyError, OSError): MLflow leaves it unset too.
+    with contextlib.suppress(KeyError, OSError):
         tags[MLFLOW_USER] = getpass.getuser()
-    except (KeyError, OSError):  # no user name in this container: MLflow leaves it unset too
-        pass
     tags.update(git_tags())
     return tags
 

@@ -4,13 +4,22 @@ ENVRUN := bin/envrun
 PYTEST_ARGS ?=
 LOCK_TARGET := --python-version 3.13 --python-platform x86_64-manylinux_2_39
 
-.PHONY: run test bench gpu-check lint lock env
+.PHONY: run test test-fast test-external bench gpu-check lint lock env
+
+# The command learns it was started as `make TARGET ARGS=...` (to print how to run it again).
+run bench gpu-check: export FULLTHROTTLE_MAKE_TARGET = $@
 
 run:  ## the main job: the whole pipeline on the bundled Palmer Penguins data
 	$(ENVRUN) fullthrottle run $(ARGS)
 
-test:  ## the whole test suite
-	$(ENVRUN) python -m pytest $(PYTEST_ARGS)
+test:  ## the test suite: real pipelines, servers and training (checks of outside systems aside)
+	$(ENVRUN) python -m pytest -m "not external" $(PYTEST_ARGS)
+
+test-fast:  ## the edit-test loop: every test that runs no whole pipeline (< 3 minutes)
+	$(ENVRUN) python -m pytest -m "not slow and not external" $(PYTEST_ARGS)
+
+test-external:  ## checks of systems outside the project: a fresh venv, the Kubeflow spec's tasks
+	$(ENVRUN) python -m pytest -m external $(PYTEST_ARGS)
 
 bench:  ## the benchmark suite; `make bench QUICK=1` for the < 5 minute version
 	$(ENVRUN) fullthrottle bench $(if $(QUICK),--quick) $(ARGS)

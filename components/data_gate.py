@@ -78,21 +78,29 @@ def read_anomalies(anomalies_uri: str, split_names: list[str]) -> list[Anomaly]:
                 "ExampleValidator's output is incomplete: rerun the pipeline"
             )
         with fileio.open(path, "rb") as f:
-            proto = anomalies_pb2.Anomalies.FromString(f.read())
-        infos = sorted(proto.anomaly_info.items())
-        if proto.HasField("dataset_anomaly_info"):
-            infos.append(("*", proto.dataset_anomaly_info))
-        for column, info in infos:
-            reasons = list(info.reason) or [None]
-            for reason in reasons:
-                if reason is None:
-                    kind, text = "UNKNOWN_TYPE", info.description or info.short_description
-                else:
-                    kind = anomalies_pb2.AnomalyInfo.Type.Name(reason.type)
-                    text = reason.description or reason.short_description
-                found.append(
-                    Anomaly(split=split, column=column, anomaly_type=kind, description=text.strip())
-                )
+            found += anomalies_of_split(split, anomalies_pb2.Anomalies.FromString(f.read()))
+    return found
+
+
+def anomalies_of_split(split: str, proto: Any) -> list[Anomaly]:
+    """The rows of one split's TFDV `Anomalies` proto (what ExampleValidator wrote for it)."""
+    from tensorflow_metadata.proto.v0 import anomalies_pb2
+
+    found: list[Anomaly] = []
+    infos = sorted(proto.anomaly_info.items())
+    if proto.HasField("dataset_anomaly_info"):
+        infos.append(("*", proto.dataset_anomaly_info))
+    for column, info in infos:
+        reasons = list(info.reason) or [None]
+        for reason in reasons:
+            if reason is None:
+                kind, text = "UNKNOWN_TYPE", info.description or info.short_description
+            else:
+                kind = anomalies_pb2.AnomalyInfo.Type.Name(reason.type)
+                text = reason.description or reason.short_description
+            found.append(
+                Anomaly(split=split, column=column, anomaly_type=kind, description=text.strip())
+            )
     return found
 
 

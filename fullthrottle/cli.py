@@ -3,7 +3,11 @@
 Each subcommand lives in `fullthrottle.commands.<name>` with `register(subparsers)` and a
 `run(args) -> int`. Errors meant for people (`fullthrottle.core.errors.USER_ERRORS`: ours and
 the training library's, `ConfigError` among them) are printed as one paragraph and exit with
-status 2; `--debug` shows the stack trace instead.
+status 2 (`fullthrottle.core.exit_status`); `--debug` shows the stack trace too.
+
+TensorFlow's C++ code logs to the process's stderr: lines while it loads (oneDNN), and errors
+that are not ours to report (`failed call to cuInit` on a machine without a GPU). The command
+line shows them only with `--verbose`.
 """
 
 from __future__ import annotations
@@ -12,10 +16,14 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import signal
 import sys
+import tempfile
 import textwrap
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 # Modules under fullthrottle.commands, in the order `--help` lists them.
 COMMANDS = (
@@ -70,14 +78,44 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# TensorFlow's C++ log lines written while it loads, before its log level applies (absl's format:
+# severity letter, MMDD, time, thread, file:line), and absl's note that they go to stderr.
+_NATIVE_LOAD_NOTE = re.compile(
+    rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
+    rb"|[IW]\d{4} [\d:.]+ +\d+ [^\]\s]+:\d+\] )"
+)
+
+
+@contextmanager
+def native_load_notes_dropped() -> Iterator[None]:
+    """Within the block, INFO and WARNING lines that native code writes to stderr (file
+    descriptor 2, which Python's `sys.stderr` does not see) are dropped; every other line is
+    written out when the block ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured:
+                if not _NATIVE_LOAD_NOTE.match(line):
+                    os.write(2, line)
+
+
 def quiet_third_party_logs(*, verbose: bool) -> None:
     """TensorFlow, TFX (absl), Beam and MLflow log dozens of INFO/WARNING lines per run that
     say nothing actionable to a user (ZetaSQL fallbacks, deprecations inside TFMA, table
-    initialisation notes). Show errors only, unless `--verbose`. Must run before TensorFlow is
-    imported: its C++ log level is read once, from the environment, at import."""
+    initialisation notes, oneDNN, cuInit on a machine without a GPU). Show none of them unless
+    `--verbose`. Loads TensorFlow: its C++ log level is read once, from the environment, when it
+    loads, and a few of its lines come before that level applies."""
     if verbose:
         return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # MLflow resets its logger at import
     for name in ("absl", "tensorflow", "apache_beam", "mlflow", "alembic", "py.warnings"):
@@ -90,12 +128,15 @@ def quiet_third_party_logs(*, verbose: bool) -> None:
         pass
     # Python warnings from third-party packages (deprecations) go to the quieted logger.
     logging.captureWarnings(True)
+    with native_load_notes_dropped():
+        import tensorflow  # noqa: F401 - loaded here, with its load-time notes dropped
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_third_party_logs(verbose="--verbose" in argv or "--debug" in argv)
     # Imported only now: the training library's error types import TensorFlow.
+    from fullthrottle.core import exit_status
     from fullthrottle.core.errors import USER_ERRORS
 
     parser = build_parser()
@@ -106,14 +147,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except USER_ERRORS as exc:
         if debug:
-            raise
+            traceback.print_exc()
         message = textwrap.fill(str(exc), width=100, break_long_words=False, break_on_hyphens=False)
         print(f"fullthrottle {args.command}: error: {message}", file=sys.stderr)
-        return 2
+        return exit_status.USER_ERROR
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM where a command turns it into one
         signum = getattr(exc, "signum", None) or signal.SIGINT
         print(
             f"fullthrottle {args.command}: interrupted by {signal.Signals(signum).name}",
             file=sys.stderr,
         )
-        return 128 + signum
+        return exit_status.interrupted(signum)

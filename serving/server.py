@@ -373,6 +373,15 @@ def _import_kserve_model_server() -> Any:
     return model_server
 
 
+def endpoints_text(*, model_name: str, host: str, port: int, grpc_port: int) -> str:
+    """Where the server answers, and with which of TF Serving's APIs (gRPC only when its port
+    is not 0)."""
+    rest = f"http://{host}:{port}/v1/models/{model_name}"
+    if not grpc_port:
+        return f"{rest} (KServe model server, TF Serving's REST API; gRPC off)"
+    return f"{rest} and grpc://{host}:{grpc_port} (KServe model server, TF Serving's REST and gRPC APIs)"
+
+
 def run_server(
     *,
     serving_dir: str,
@@ -479,11 +488,11 @@ def run_server(
                 raise OSError(f"cannot listen for gRPC on {host}:{grpc_port}")
             await grpc_server.start()
         threading.Thread(target=poll, name="version-poller", daemon=True).start()
-        grpc_text = f" and grpc://{host}:{grpc_port}" if grpc_port else ""
         print(
             f"fullthrottle serve: serving {model_name} version {newest.version} from "
-            f"{serving_dir} at http://{host}:{port}/v1/models/{model_name}{grpc_text} "
-            f"(KServe model server, TF Serving REST and gRPC APIs); labels {models.labels}",
+            f"{serving_dir} at "
+            f"{endpoints_text(model_name=model_name, host=host, port=port, grpc_port=grpc_port)}; "
+            f"labels {models.labels}",
             file=sys.stderr,
             flush=True,
         )

@@ -29,13 +29,19 @@ def committed_checkpoint_step(pipeline_root: Path) -> int:
     between the two leaves a `ckpt-N.index` that is not (and must not be) resumed from; counting
     index files would expect a resume from a checkpoint that was never committed."""
     pattern = str(pipeline_root / "Trainer" / "training_state" / "*" / "checkpoints" / "checkpoint")
-    steps = []
-    for state_file in glob.glob(pattern):
-        with open(state_file, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model_checkpoint_path:") and (m := _CKPT.search(line)):
-                    steps.append(int(m.group(1)))
-    return max(steps, default=0)
+    return max((committed_checkpoint_step_in(Path(f)) for f in glob.glob(pattern)), default=0)
+
+
+def committed_checkpoint_step_in(state_file: Path) -> int:
+    """The step that one checkpoint folder's state file names (0 when it names none)."""
+    try:
+        text = state_file.read_text(encoding="utf-8")
+    except FileNotFoundError:  # moved aside or removed between the listing and the read
+        return 0
+    for line in text.splitlines():
+        if line.startswith("model_checkpoint_path:") and (m := _CKPT.search(line)):
+            return int(m.group(1))
+    return 0
 
 
 def snapshot_code(target: Path) -> Path:
@@ -59,13 +65,20 @@ def snapshot_code(target: Path) -> Path:
     return target
 
 
+def user_environment(*, code: Path) -> dict[str, str]:
+    """This process's environment without the TensorFlow log level tests/conftest.py sets (the
+    CLI chooses its own), with ``code`` (the project) on the Python path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TF_CPP_")}
+    env["PYTHONPATH"] = str(code) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 def run_cli(
     *args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Runs `fullthrottle ARGS` in a fresh Python process (the console script's entry point)."""
-    full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
-    full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    """Runs `fullthrottle ARGS` in a fresh Python process (the console script's entry point),
+    with the environment a user has (not this test process's TensorFlow log level)."""
+    full_env = user_environment(code=REPO)
     if env:
         full_env.update(env)
     return subprocess.run(
@@ -84,9 +97,7 @@ class CliProcess:
     thread collects its output lines (stdout and stderr) and when each was read."""
 
     def __init__(self, *args: str, code: Path = REPO, env: dict | None = None) -> None:
-        full_env = dict(os.environ)
-        full_env["PYTHONPATH"] = str(code) + os.pathsep + full_env.get("PYTHONPATH", "")
-        full_env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        full_env = user_environment(code=code)
         full_env.update(env or {})
         self.lines: list[str] = []
         self.times: list[float] = []  # when each line was read (monotonic)

@@ -15,8 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from fullthrottle.bench import suite
+from fullthrottle.bench import docs, model_process, suite, verdicts
+from fullthrottle.bench.benchmarks import BENCHMARKS, Context, beam, checkpoints
+from fullthrottle.bench.benchmarks import trainer as trainer_bench
+from fullthrottle.bench.benchmarks.base import REPO, ratio_entry
 from fullthrottle.bench.measure import alternate, describe, median_interval, ratio
+from fullthrottle.bench.results import (
+    latest_markdown,
+    markdown_table,
+    results_table,
+    write_results,
+)
 from fullthrottle.bench.trainer import (
     OurLoop,
     StrongFit,
@@ -27,25 +36,26 @@ from fullthrottle.bench.trainer import (
 from tests.bench_data import write_synthetic_training_data
 from trainer_module.training import TrainingConfig
 
-TINY = dataclasses.replace(
-    suite.QUICK,
-    repeats=2,
-    tabular_repeats=2,
-    transformer_window_steps=3,
-    transformer_window_seconds=None,
-    fused_vs_unfused=True,
-    tabular_window_steps=10,
-    tabular_baseline_window_steps=None,
-    reader_batches=5,
-    tracking_train_steps=20,
-    tracking_repeats=1,
-    beam_rows=(120,),
-    beam_workers=(1,),
-    streaming_rows=3000,
-    streaming_files=2,
-    streaming_repeats=2,
-    streaming_window_examples=640,
+TINY = suite.sizes_for(
+    "quick",
+    trainer={
+        "repeats": 2,
+        "tabular_repeats": 2,
+        "transformer_window_steps": 3,
+        "transformer_window_seconds": None,
+        "fused_vs_unfused": True,
+        "tabular_window_steps": 10,
+        "tabular_baseline_window_steps": None,
+        "reader_batches": 5,
+        "streaming_rows": 3000,
+        "streaming_files": 2,
+        "streaming_repeats": 2,
+        "streaming_window_examples": 640,
+    },
+    tracking={"train_steps": 20, "repeats": 1},
+    beam={"rows": (120,), "workers": (1,)},
 )
+TRAINER = TINY["trainer"]
 TINY_TRANSFORMER = TrainingConfig(
     model="transformer",
     precision="float32",
@@ -87,13 +97,13 @@ def test_alternate_rotates_order_and_ratio_is_of_medians():
     shifted = {"ours": [144.0, 263.0, 249.0], "base": [120.0, 105.0, 184.0]}
     entry = ratio(shifted, "ours", "base")
     assert entry["ratio"] > 2.0 and entry["paired_median"] < 1.4
-    document_targets = suite.targets({"trainer": {"transformer": {"vs_tfx_example": entry}}})
+    document_targets = verdicts.judge({"trainer": {"transformer": {"vs_tfx_example": entry}}})
     verdict = {t["name"]: t for t in document_targets}["transformer_vs_tfx_example"]
     assert verdict["measured"] == pytest.approx(entry["paired_median"]) and not verdict["met"]
     assert describe(samples["a"])["spread"] == pytest.approx((30 - 10) / 20)
     # MFU too is judged on the lower of its two estimates.
     mfu = {"ours": 0.52, "ours_paired_median": 0.49}
-    verdict = {t["name"]: t for t in suite.targets({"trainer": {"transformer": {"mfu": mfu}}})}[
+    verdict = {t["name"]: t for t in verdicts.judge({"trainer": {"transformer": {"mfu": mfu}}})}[
         "transformer_mfu"
     ]
     assert verdict["measured"] == pytest.approx(0.49) and verdict["met"] is False
@@ -139,11 +149,11 @@ def test_median_interval_is_the_binomial_order_statistics():
 
 def _tracking_verdict(paired: list[float]) -> tuple[dict, str]:
     """The tracking target's verdict, and its table row, for these paired on/off ratios."""
-    entry = suite.ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
+    entry = ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
     results = {"tracking": {**entry, "train_steps": 100}}
     document = {
         "results": results,
-        "targets": suite.targets(results),
+        "targets": verdicts.judge(results),
         "machine": {"cpu": "x", "cpu_count": 2, "cpu_bf16": False, "gpus": [], "tensorflow": "t"},
         "mode": "quick",
         "date": "d",
@@ -151,7 +161,7 @@ def _tracking_verdict(paired: list[float]) -> tuple[dict, str]:
         "suite_seconds": 1.0,
     }
     verdict = {t["name"]: t for t in document["targets"]}["tracking_on_vs_off"]
-    row = next(r for r in suite.markdown_table(document).splitlines() if "MLflow on vs off" in r)
+    row = next(r for r in markdown_table(document).splitlines() if "MLflow on vs off" in r)
     return verdict, row
 
 
@@ -190,9 +200,9 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
     # In its own process, as the suite measures each model. Windows sized in seconds, as in
     # quick mode: a window this short is the 2-step minimum, whatever the step time.
     work = tmp_path / "work"
-    sizes = dataclasses.replace(TINY, transformer_window_seconds=1e-6)
-    result = suite.measure_model_in_process(
-        work, text_data, TINY_TRANSFORMER, sizes, TINY.transformer_window_steps, "transformer"
+    sizes = dataclasses.replace(TRAINER, transformer_window_seconds=1e-6)
+    result = trainer_bench.measure_model_in_process(
+        work, text_data, TINY_TRANSFORMER, sizes, TRAINER.transformer_window_steps, "transformer"
     )
     # The process skips teardown, so autograph's generated files stay: in the job's own temp
     # folder (removed with the suite's work folder), not in the user's.
@@ -207,7 +217,7 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
         "vs_strong_fit",
     ):
         entry = result[key]
-        assert len(entry["paired"]) == TINY.repeats
+        assert len(entry["paired"]) == TRAINER.repeats
         assert entry["ratio"] == pytest.approx(
             entry[entry["numerator"]]["median"] / entry[entry["denominator"]]["median"]
         )
@@ -219,7 +229,7 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
     assert result["mfu"]["ours"] > 0 and result["mfu"]["tfx_example"] > 0
     assert result["mfu"]["ours_ceiling_dtype"] == "float32"
     # The ceiling was a contender: one sample per repetition, each MFU over its neighbour.
-    assert len(result["matmul_ceiling"]["float32"]["samples"]) == TINY.repeats
+    assert len(result["matmul_ceiling"]["float32"]["samples"]) == TRAINER.repeats
     mfu = result["mfu"]
     assert mfu["ours_paired_min"] <= mfu["ours_paired_median"] <= mfu["ours_paired_max"]
     # Every synthetic text fills its 12 tokens: nothing to cut. MFU comes from the untrimmed
@@ -245,16 +255,18 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
 def test_trainer_benchmark_process_failure_is_reported(text_data, tmp_path):
     missing = dataclasses.replace(text_data, train_files=(str(tmp_path / "gone.gz"),))
     with pytest.raises(RuntimeError, match="transformer trainer benchmark process exited 1"):
-        suite.measure_model_in_process(tmp_path, missing, TINY_TRANSFORMER, TINY, 3, "transformer")
+        trainer_bench.measure_model_in_process(
+            tmp_path, missing, TINY_TRANSFORMER, TRAINER, 3, "transformer"
+        )
     assert "Traceback" in (tmp_path / "trainer-transformer" / "stderr.log").read_text()
 
 
 def test_reader_rates_alternate_both_readers(text_data):
     readers = reader_rates(
-        text_data, TINY_TRANSFORMER, batches=TINY.reader_batches, repeats=TINY.repeats
+        text_data, TINY_TRANSFORMER, batches=TRAINER.reader_batches, repeats=TRAINER.repeats
     )
     assert set(readers) == {"ours", "tfx_bsl", "ours_per_cpu_second"} and all(
-        len(v) == TINY.repeats for v in readers.values()
+        len(v) == TRAINER.repeats for v in readers.values()
     )
 
 
@@ -263,17 +275,22 @@ def test_tabular_trainer_benchmark_times_fit_in_its_own_window(tmp_path):
     data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
     config = dataclasses.replace(TINY_TRANSFORMER, model="tabular")
     sizes = dataclasses.replace(
-        TINY, tabular_baseline_window_steps=4, tabular_input_pairs=3, tabular_input_window_steps=6
+        TRAINER,
+        tabular_baseline_window_steps=4,
+        tabular_input_pairs=3,
+        tabular_input_window_steps=6,
     )
-    result = suite.trainer_model(data, config, sizes, 10, "tabular")
+    result = model_process.trainer_model(data, config, sizes, 10, "tabular")
     assert result["window_steps"] == 10 and result["baseline_window_steps"] == 4
-    assert len(result["vs_tfx_example"]["paired"]) == TINY.tabular_repeats
+    assert len(result["vs_tfx_example"]["paired"]) == TRAINER.tabular_repeats
     # Input efficiency pools the repetitions' pairs with its own side-by-side pairs.
     efficiency = result["input_efficiency"]
-    assert len(efficiency["paired"]) == TINY.tabular_repeats + 3
-    assert efficiency["ours"]["n"] == efficiency["ours_in_memory"]["n"] == TINY.tabular_repeats + 3
+    assert len(efficiency["paired"]) == TRAINER.tabular_repeats + 3
+    assert (
+        efficiency["ours"]["n"] == efficiency["ours_in_memory"]["n"] == TRAINER.tabular_repeats + 3
+    )
     assert efficiency["pairs"] == {
-        "with_every_contender": TINY.tabular_repeats,
+        "with_every_contender": TRAINER.tabular_repeats,
         "side_by_side_only": 3,
         "side_by_side_window_steps": 6,
     }
@@ -285,9 +302,9 @@ def test_tabular_trainer_benchmark_times_fit_in_its_own_window(tmp_path):
     # More pairs from a fresh process of its own (Sizes.tabular_input_processes), pooled; each
     # process keeps its own paired median for the verdict.
     more = dataclasses.replace(sizes, tabular_input_processes=1)
-    suite.measure_input_runs(tmp_path / "work", data, config, more, result, "tabular")
+    trainer_bench.measure_input_runs(tmp_path / "work", data, config, more, result, "tabular")
     pooled = result["input_efficiency"]
-    own_pairs = TINY.tabular_repeats + 3
+    own_pairs = TRAINER.tabular_repeats + 3
     assert len(pooled["paired"]) == pooled["ours"]["n"] == own_pairs + 3
     assert pooled["paired"][:own_pairs] == efficiency["paired"]  # the model process's first
     assert [run["pairs"] for run in pooled["runs"]] == [own_pairs, 3]
@@ -303,12 +320,12 @@ def test_a_failed_input_efficiency_process_keeps_the_model_process_results(tmp_p
     data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
     missing = dataclasses.replace(data, train_files=(str(tmp_path / "gone.gz"),))
     config = dataclasses.replace(TINY_TRANSFORMER, model="tabular")
-    own = suite.ratio_entry(
+    own = ratio_entry(
         {"ours": [1.0, 0.9, 1.1], "ours_in_memory": [1.0] * 3}, "ours", "ours_in_memory"
     )
     entry = {"input_efficiency": dict(own), "phase_seconds": {}}
-    sizes = dataclasses.replace(TINY, tabular_input_processes=1, tabular_input_pairs=2)
-    suite.measure_input_runs(tmp_path / "work", missing, config, sizes, entry, "tabular")
+    sizes = dataclasses.replace(TRAINER, tabular_input_processes=1, tabular_input_pairs=2)
+    trainer_bench.measure_input_runs(tmp_path / "work", missing, config, sizes, entry, "tabular")
     efficiency = entry["input_efficiency"]
     assert "input efficiency process 1 exited 1" in efficiency["more_processes_error"]
     assert {k: v for k, v in efficiency.items() if k != "more_processes_error"} == own
@@ -320,11 +337,11 @@ def test_input_efficiency_is_decided_only_when_every_process_agrees():
         return {"ours": list(paired), "ours_in_memory": [1.0] * len(paired)}
 
     def verdict(runs):
-        entry = suite.ratio_entry(runs[0], "ours", "ours_in_memory")
+        entry = ratio_entry(runs[0], "ours", "ours_in_memory")
         entry["pairs"] = {"with_every_contender": len(runs[0]["ours"])}
-        pooled = suite.pool_input_runs(entry, runs[1:])
+        pooled = trainer_bench.pool_input_runs(entry, runs[1:])
         results = {"trainer": {"tabular": {"input_efficiency": pooled}}}
-        (target,) = [t for t in suite.targets(results) if t["name"] == "tabular_input_efficiency"]
+        (target,) = [t for t in verdicts.judge(results) if t["name"] == "tabular_input_efficiency"]
         return pooled, target
 
     high = [0.99 + 0.001 * i for i in range(20)]  # each run's interval wholly above 0.97
@@ -338,19 +355,19 @@ def test_input_efficiency_is_decided_only_when_every_process_agrees():
     assert pooled["paired_interval"]["low"] >= 0.97 and target["met"]
     assert target["runs_agree"] is False and target["decided"] is False
     assert target["run_paired_medians"] == pytest.approx([1.0, 0.96, 1.0], abs=0.001)
-    assert suite.verdict_text(target) == (
+    assert verdicts.verdict_text(target) == (
         ">= 0.97: met (undecided: its 3 processes' paired medians (1.000, 0.960, 1.000) fall on "
         "both sides of the line: the runs differ by more than one run's noise)"
     )
     # One run (no more processes): decided on its interval alone, as before.
     pooled, target = verdict([run(*low)])
     assert "runs_agree" not in target and target["decided"] and not target["met"]
-    assert suite.verdict_text(target) == ">= 0.97: NOT met"
+    assert verdicts.verdict_text(target) == ">= 0.97: NOT met"
     # An interval across the line and disagreeing runs: both reasons are named.
     mixed = [0.965 + 0.001 * i for i in range(10)]
     pooled, target = verdict([run(*mixed), run(*high), run(*low)])
     assert not target["decided"] and target["runs_agree"] is False
-    text = suite.verdict_text(target)
+    text = verdicts.verdict_text(target)
     assert "contains the line; its 3 processes' paired medians" in text, text
 
 
@@ -393,16 +410,17 @@ def test_in_memory_contender_trains_ours_model_through_ours_compiled_loop(tmp_pa
 
 
 def test_window_steps_fill_the_window_in_whole_steps():
-    assert suite.window_steps(0.47, 1.5) == 3  # a float32 Transformer step on 2 AVX2 cores
-    assert suite.window_steps(0.08, 1.5) == 19  # a bf16 one on AVX512_BF16
-    assert suite.window_steps(5.0, 1.5) == 2  # never fewer than 2
+    assert model_process.window_steps(0.47, 1.5) == 3  # a float32 Transformer step on 2 AVX2 cores
+    assert model_process.window_steps(0.08, 1.5) == 19  # a bf16 one on AVX512_BF16
+    assert model_process.window_steps(5.0, 1.5) == 2  # never fewer than 2
 
 
 def test_quick_mode_skips_beam_scaling_and_the_checkpoint_lever_and_says_so(tmp_path):
-    beam = suite.bench_beam(tmp_path, suite.QUICK)
-    assert "quick mode runs no Beam scaling point" in beam["skipped"]
-    checkpoints = suite.bench_checkpoints(tmp_path, suite.QUICK, None)
-    assert "quick mode runs no checkpoint lever" in checkpoints["skipped"]
+    context = Context(work=tmp_path, results={}, log=lambda m: None)
+    skipped = beam.run(context, beam.BENCHMARK.quick)
+    assert "quick mode runs no Beam scaling point" in skipped["skipped"]
+    skipped = checkpoints.run(context, checkpoints.BENCHMARK.quick)
+    assert "quick mode runs no checkpoint lever" in skipped["skipped"]
     assert list(tmp_path.iterdir()) == []  # nothing was generated or run
 
 
@@ -420,8 +438,8 @@ def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
     assert point["transform_seconds"] > 0 and point["example_gen_seconds"] > 0
     # Targets not measured in this run are reported as unknown, never as met.
     assert all(t["met"] is None for t in document["targets"])
-    json_path, md_path = suite.write_results(document, tmp_path / "results")
-    again, _ = suite.write_results(document, tmp_path / "results")
+    json_path, md_path = write_results(document, tmp_path / "results")
+    again, _ = write_results(document, tmp_path / "results")
     assert (
         again != json_path
         and json.loads(json_path.read_text())["results"]["beam"]["points"][0]["rows"] == 120
@@ -439,12 +457,12 @@ def _run_document(results: dict, *, date: str, commit: str, mode: str, bf16: boo
         "machine": {"cpu": "EPYC", "cpu_count": 2, "cpu_bf16": bf16, "gpus": [], "tensorflow": "t"},
         "suite_seconds": 1.0,
         "results": results,
-        "targets": suite.targets(results),
+        "targets": verdicts.judge(results),
     }
 
 
 def _tracking_reading(paired: list[float]) -> dict:
-    entry = suite.ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
+    entry = ratio_entry({"on": paired, "off": [1.0] * len(paired)}, "on", "off")
     return {**entry, "train_steps": 100, "bench_seconds": 9.0}
 
 
@@ -471,7 +489,7 @@ def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path)
         bf16=True,
     )
     results = tmp_path / "results"
-    first, _ = suite.write_results(full, results)
+    first, _ = write_results(full, results)
     # A later `--only tracking --only beam` where Beam was skipped: tracking measured again.
     met = _tracking_reading([0.99 + 0.001 * i for i in range(13)])  # decided: met
     partial = _run_document(
@@ -481,7 +499,7 @@ def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path)
         mode="full",
         bf16=False,
     )
-    second, _ = suite.write_results(partial, results)
+    second, _ = write_results(partial, results)
     assert (first.stem, second.stem) == ("2030-01-01T100000Z", "2030-01-02T100000Z")
     assert first.exists() and second.exists()  # each run keeps its own file
     # A quick run's reading is written to its own file but never replaces a full reading.
@@ -492,7 +510,7 @@ def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path)
         mode="quick",
         bf16=False,
     )
-    third, _ = suite.write_results(quick, results)
+    third, _ = write_results(quick, results)
     assert third.exists()
 
     latest = json.loads((results / "LATEST.json").read_text())
@@ -513,8 +531,8 @@ def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path)
 
     # LATEST.md is the renderer's output for LATEST.json: the same rows as a run's table.
     text = (results / "LATEST.md").read_text()
-    assert text == suite.latest_markdown(latest)
-    assert suite.results_table(latest["results"], latest["targets"]) in text
+    assert text == latest_markdown(latest)
+    assert results_table(latest["results"], latest["targets"]) in text
     assert "| beam | 2030-01-01T100000Z | full | aaaaaaa | 2030-01-01T10:00:00+00:00 | 5 |" in text
     assert "| tracking | 2030-01-02T100000Z | full | bbbbbbb |" in text
     assert "Beam: ExampleGen + Transform, 120 rows, 1 worker(s)" in text
@@ -528,7 +546,7 @@ def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path)
         mode="full",
         bf16=True,
     )
-    suite.write_results(broken, results)
+    write_results(broken, results)
     latest = json.loads((results / "LATEST.json").read_text())
     assert latest["results"]["beam"]["error"] == "RuntimeError: boom"
     assert latest["results"]["tracking"] == met
@@ -537,24 +555,24 @@ def test_a_partial_run_merges_into_latest_and_keeps_the_other_readings(tmp_path)
 
 
 def test_the_committed_latest_results_are_generated_from_their_json():
-    results = suite.REPO / "bench" / "results"
+    results = REPO / "bench" / "results"
     latest = json.loads((results / "LATEST.json").read_text(encoding="utf-8"))
     # Every benchmark has a reading, and each says where it came from.
-    assert list(latest["results"]) == list(suite.BENCHMARKS)
-    assert list(latest["provenance"]) == list(suite.BENCHMARKS)
+    assert list(latest["results"]) == list(BENCHMARKS)
+    assert list(latest["provenance"]) == list(BENCHMARKS)
     for source in latest["provenance"].values():
         assert source["results_file"] and source["git_commit"] and source["machine"]["cpu"]
     # The verdicts are the current rules applied to the readings, and the table is rendered
     # from them: a hand-edited LATEST.md (or JSON verdict) fails here.
-    assert latest["targets"] == suite.targets(latest["results"])
-    assert (results / "LATEST.md").read_text(encoding="utf-8") == suite.latest_markdown(latest)
+    assert latest["targets"] == verdicts.judge(latest["results"])
+    assert (results / "LATEST.md").read_text(encoding="utf-8") == latest_markdown(latest)
 
 
 def test_git_keeps_only_the_latest_results():
     def ignored(name):
         done = subprocess.run(
             ["git", "check-ignore", "-q", "--no-index", f"bench/results/{name}"],
-            cwd=suite.REPO,
+            cwd=REPO,
             check=False,
         )
         if done.returncode not in (0, 1):
@@ -565,21 +583,35 @@ def test_git_keeps_only_the_latest_results():
     assert not ignored("LATEST.json") and not ignored("LATEST.md")
 
 
-def test_embedding_the_latest_table_replaces_only_the_generated_block():
-    begin, end = suite.DOCS_BEGIN, suite.DOCS_END
-    page = f"# Title\n\nprose\n{begin}\nold table\n{end}\nmore prose\n"
-    new = suite.embed_latest(page, "| new | table |\n")
-    assert new == f"# Title\n\nprose\n{begin}\n\n| new | table |\n\n{end}\nmore prose\n"
-    assert suite.embed_latest(new, "| new | table |\n") == new
-    with pytest.raises(ValueError, match="no generated block"):
-        suite.embed_latest("# no markers\n", "| t |\n")
+def test_the_docs_blocks_are_rewritten_from_latest_and_nothing_else():
+    latest = {
+        "results": {"pipeline": {"wall_seconds": 66.4}},
+        "provenance": {},
+        "targets": [],
+    }
+    page = (
+        "# Title\n\nThe run took <!-- bench:pipeline-wall -->9 s<!-- /bench:pipeline-wall -->.\n"
+        "<!-- bench:targets -->\nold table\n<!-- /bench:targets -->\nmore prose\n"
+    )
+    new = docs.render_page(page, latest)
+    assert "The run took <!-- bench:pipeline-wall -->66 s<!-- /bench:pipeline-wall -->." in new
+    table = docs.targets_table(latest)
+    assert f"<!-- bench:targets -->\n\n{table}\n<!-- /bench:targets -->\nmore prose\n" in new
+    assert docs.render_page(new, latest) == new  # rendering is idempotent
+    assert docs.blocks_in(new) == ["pipeline-wall", "targets"]
+    assert "old table" not in new and "old table" in page
+    with pytest.raises(ValueError, match="unknown generated block `bench:nope`"):
+        docs.render_page("<!-- bench:nope -->x<!-- /bench:nope -->", latest)
+    # A figure LATEST.json has no reading for is an error, not an empty block.
+    with pytest.raises(KeyError, match="beam/two_vs_one_workers"):
+        docs.render_page("<!-- bench:beam-scaling -->x<!-- /bench:beam-scaling -->", latest)
 
 
 def test_a_failed_benchmark_keeps_the_temp_work_folder_for_its_logs(tmp_path, monkeypatch):
     temp = tmp_path / "temp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    broken = dataclasses.replace(TINY, beam_workers=(-1,))  # refused by BeamConfig
+    broken = {**TINY, "beam": dataclasses.replace(TINY["beam"], workers=(-1,))}  # refused
     document = suite.run_suite(sizes=broken, mode="tiny", only=("beam",), log=lambda m: None)
     assert "direct_num_workers" in document["results"]["beam"]["error"]
     work = Path(document["work_dir"])
@@ -592,9 +624,11 @@ def test_tracking_and_checkpoint_benchmarks_alone_make_their_own_data(tmp_path):
     # benchmark does. Three loops of the default steps_per_loop: the timed span is from loop 1's
     # end to the last.
     loops = 3 * TrainingConfig().steps_per_loop
-    sizes = dataclasses.replace(
-        TINY, tracking_train_steps=loops, checkpoint_train_steps=loops, checkpoint_repeats=1
-    )
+    sizes = {
+        **TINY,
+        "tracking": dataclasses.replace(TINY["tracking"], train_steps=loops),
+        "checkpoints": dataclasses.replace(TINY["checkpoints"], train_steps=loops, repeats=1),
+    }
     document = suite.run_suite(
         sizes=sizes,
         mode="tiny",
@@ -604,7 +638,7 @@ def test_tracking_and_checkpoint_benchmarks_alone_make_their_own_data(tmp_path):
     )
     tracking = document["results"]["tracking"]
     assert "error" not in tracking, tracking.get("trace")
-    assert len(tracking["paired"]) == TINY.tracking_repeats
+    assert len(tracking["paired"]) == TINY["tracking"].repeats
     assert tracking["on"]["median"] > 0 and tracking["off"]["median"] > 0
     assert (tmp_path / "work" / "tabular" / "metadata").is_dir()
     # Tracking's own CPU time over the timed window: the hook ran after every loop.
@@ -613,7 +647,7 @@ def test_tracking_and_checkpoint_benchmarks_alone_make_their_own_data(tmp_path):
     # ...and its direct cost: the hook's wall time plus the other threads' CPU (which can run
     # on the other core at the same time, so over a window this short it may pass 100%).
     assert cpu["direct_fraction"] >= cpu["hook_wall"] / cpu["wall_seconds"] > 0
-    assert "tracking: its own CPU time while training" in suite.markdown_table(document)
+    assert "tracking: its own CPU time while training" in markdown_table(document)
 
     # Traced vs eager periodic saves, both through the real train(): each ran, each saved.
     checkpoints = document["results"]["checkpoints"]
@@ -624,7 +658,7 @@ def test_tracking_and_checkpoint_benchmarks_alone_make_their_own_data(tmp_path):
     # The default cadence (a save every 100 steps) falls inside these 3 x 50 steps.
     assert checkpoints["checkpoint_every_steps"] < loops
     assert all(0 < share < 1 for share in checkpoints["checkpoint_share"].values())
-    assert "checkpoints: periodic saves traced vs eager" in suite.markdown_table(document)
+    assert "checkpoints: periodic saves traced vs eager" in markdown_table(document)
 
 
 def test_the_strong_fit_gets_ours_model_options_precision_and_dataset(tmp_path):
@@ -654,14 +688,14 @@ def test_the_streaming_contender_really_streams_data_past_the_cache_line(tmp_pat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
     config = dataclasses.replace(TINY_TRANSFORMER, model="tabular")
-    result = suite.measure_streaming(data, config, TINY)
-    assert result["rows"] == TINY.streaming_rows and result["files"] == 2
-    for size in suite.STREAMING_BATCH_SIZES:
+    result = model_process.measure_streaming(data, config, TRAINER)
+    assert result["rows"] == TRAINER.streaming_rows and result["files"] == 2
+    for size in model_process.STREAMING_BATCH_SIZES:
         entry = result[f"b{size}"]
-        assert len(entry["paired"]) == TINY.streaming_repeats
+        assert len(entry["paired"]) == TRAINER.streaming_repeats
         assert entry["numerator"] == "streaming" and entry["denominator"] == "in_memory"
         prebatched = result[f"b{size}_prebatched"]
-        assert len(prebatched["paired"]) == TINY.streaming_repeats
+        assert len(prebatched["paired"]) == TRAINER.streaming_repeats
         assert prebatched["numerator"] == "prebatched"
     assert result["reader"]["per_cpu_second"]["median"] > 0
     reader = result["reader_prebatched"]
@@ -676,12 +710,12 @@ def test_the_streaming_contender_really_streams_data_past_the_cache_line(tmp_pat
     # The full bench's files: past `cache: auto`'s line on the 24 GiB machines this runs on.
     bytes_per_row = result["bytes"] / result["rows"]
     line = CACHE_AUTO_RAM_FRACTION * 24 * 2**30 / CACHE_AUTO_EXPANSION
-    assert bytes_per_row * suite.FULL.streaming_rows > line
+    assert bytes_per_row * trainer_bench.BENCHMARK.full.streaming_rows > line
     # The generated files are reused, not written again.
     from fullthrottle.bench.workloads import streaming_tabular_data
 
     stamps = [Path(f).stat().st_mtime_ns for f in result_files(result)]
-    streaming_tabular_data(data, rows=TINY.streaming_rows, files=TINY.streaming_files)
+    streaming_tabular_data(data, rows=TRAINER.streaming_rows, files=TRAINER.streaming_files)
     assert [Path(f).stat().st_mtime_ns for f in result_files(result)] == stamps
 
 
@@ -711,7 +745,7 @@ def test_a_failing_target_prints_not_met():
         "trainer": {
             "tabular": {
                 "streaming": {
-                    "b64": suite.ratio_entry(
+                    "b64": ratio_entry(
                         {"streaming": [0.5] * 7, "in_memory": [1.0] * 7}, "streaming", "in_memory"
                     ),
                     "reader": {
@@ -724,8 +758,64 @@ def test_a_failing_target_prints_not_met():
             }
         }
     }
-    verdicts = {t["name"]: t for t in suite.targets(results)}
+    judged = {t["name"]: t for t in verdicts.judge(results)}
     for name in ("tabular_streaming_b64", "tabular_reader_per_core"):
-        assert verdicts[name]["met"] is False and verdicts[name]["decided"], verdicts[name]
-        assert suite.verdict_text(verdicts[name]).endswith("NOT met")
-    assert verdicts["tabular_streaming_b256"]["met"] is None  # not measured: no verdict
+        assert judged[name]["met"] is False and judged[name]["decided"], judged[name]
+        assert verdicts.verdict_text(judged[name]).endswith("NOT met")
+    assert judged["tabular_streaming_b256"]["met"] is None  # not measured: no verdict
+
+
+def test_a_benchmark_registered_in_one_place_is_run_judged_tabled_and_documented(monkeypatch):
+    """The registry is the one list: a benchmark defined here, added to BENCHMARKS and nowhere
+    else, is selectable, run with its own sizes per mode, judged, shown in the table and in
+    the docs' targets and sizes tables."""
+    from fullthrottle.bench.benchmarks.base import BenchmarkSpec, Target, ratio_reading, size
+    from fullthrottle.cli import build_parser
+
+    @dataclasses.dataclass(frozen=True)
+    class EchoSizes:
+        pairs: int = size(13, "pairs of echoes")
+
+    def run(context, sizes):
+        assert context.results["pipeline"]["wall_seconds"] == 1.0  # earlier benchmarks' results
+        paired = [0.99 + 0.001 * i for i in range(sizes.pairs)]
+        return {"echo": ratio_entry({"a": paired, "b": [1.0] * sizes.pairs}, "a", "b")}
+
+    def rows(result, verdict):
+        return [f"| echo: a vs b | | {result['echo']['ratio']:.2f}x | {verdict('echo_a_vs_b')} |"]
+
+    def pipeline(context, sizes):
+        return {"wall_seconds": 1.0}
+
+    spec = BenchmarkSpec(
+        name="echo",
+        summary="a test's benchmark",
+        run=run,
+        rows=rows,
+        full=EchoSizes(),
+        quick=EchoSizes(pairs=3),
+        targets=(Target("echo_a_vs_b", 0.98, "a / b", ratio_reading("echo")),),
+    )
+    monkeypatch.setitem(BENCHMARKS, "echo", spec)
+    monkeypatch.setitem(
+        BENCHMARKS, "pipeline", dataclasses.replace(BENCHMARKS["pipeline"], run=pipeline)
+    )
+    assert build_parser().parse_args(["bench", "--only", "echo"]).only == ["echo"]
+    for mode, pairs, decided in (("full", 13, True), ("quick", 3, False)):
+        document = suite.run_suite(
+            sizes=suite.sizes_for(mode),
+            mode=mode,
+            only=("pipeline", "echo"),
+            log=lambda m: None,
+        )
+        assert len(document["results"]["echo"]["echo"]["paired"]) == pairs
+        assert document["sizes"]["echo"] == {"pairs": pairs}
+        (verdict,) = [t for t in document["targets"] if t["name"] == "echo_a_vs_b"]
+        assert verdict["met"] and verdict["decided"] is decided
+        row = next(r for r in markdown_table(document).splitlines() if "echo:" in r)
+        assert row.startswith("| echo: a vs b | | ") and "x | >= 0.98: met" in row
+        assert ("undecided" in row) is not decided
+    assert "| echo | `echo_a_vs_b` | 0.98 | a / b |" in docs.targets_table({})
+    assert "| echo | `pairs` | 13 | 3 | pairs of echoes |" in docs.sizes_table({})
+    with pytest.raises(ValueError, match="no such benchmark"):
+        suite.sizes_for("quick", nope={"pairs": 1})

@@ -3,7 +3,7 @@
 docs/*.md is accepted by the real parser (or the Makefile), or listed below with a reason.
 
 And the docs document: their links resolve, they carry no dated journal entries, and
-docs/performance.md's results, targets and sizes are the bench's own (LATEST.json, suite.py)."""
+their benchmark figures, targets and sizes are generated (LATEST.json, the bench's registry)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from fullthrottle.cli import COMMANDS, build_parser, main
-from fullthrottle.core.errors import DataError
+from tests.helpers import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -149,86 +149,46 @@ def test_errors_are_one_paragraph_and_debug_shows_the_trace(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("fullthrottle init: error: data path") and str(missing) in err
     assert "Traceback" not in err
-    with pytest.raises(DataError):
-        main(
-            [
-                "--debug",
-                "init",
-                "--data",
-                str(missing),
-                "--label",
-                "y",
-                "--output",
-                str(tmp_path / "c.yaml"),
-            ]
-        )
+    # --debug adds the stack trace and keeps the exit status.
+    args = ["init", "--data", str(missing), "--label", "y", "--output", str(tmp_path / "c.yaml")]
+    assert main(["--debug", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "DataError: data path" in err
+    assert "fullthrottle init: error: data path" in err
 
 
-def _table_rows(text: str, heading: str) -> list[list[str]]:
-    """The cells of the body rows of the first table under ``heading`` in ``text``."""
-    lines = text.split(f"\n{heading}\n", 1)[1].splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
-    table = []
-    for line in lines[start + 2 :]:  # after the header and the |---| line
-        if not line.startswith("|"):
-            break
-        table.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-    return table
+def test_help_prints_no_tensorflow_log_lines():
+    """Every command loads TensorFlow; its C++ lines (oneDNN while it loads, `failed call to
+    cuInit` without a GPU) are shown with --verbose only. --help, as a user starts it."""
+    result = run_cli("--help")
+    assert result.returncode == 0 and "usage: fullthrottle" in result.stdout
+    assert result.stderr == ""
 
 
-def test_the_performance_page_shows_the_latest_results_as_generated():
+def test_the_docs_benchmark_figures_are_generated_from_latest_json():
     import json
 
-    from fullthrottle.bench import suite
+    from fullthrottle.bench import docs
 
-    page = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
-    latest = json.loads((REPO / "bench" / "results" / "LATEST.json").read_text(encoding="utf-8"))
-    # The block between the markers is exactly what LATEST.json renders to, so every number in
-    # it is the JSON's, and rewriting it from the JSON (as `fullthrottle bench` does) changes
-    # nothing else on the page.
-    assert page.count(suite.DOCS_BEGIN) == page.count(suite.DOCS_END) == 1
-    assert suite.embed_latest(page, suite.latest_markdown(latest)) == page
-
-
-def test_the_performance_page_states_the_suite_s_targets_and_sizes():
-    import dataclasses
-
-    from fullthrottle.bench import suite
-
-    page = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
-    targets = {
-        row[0].strip("`"): float(row[1])
-        for row in _table_rows(page, "### Targets")
-        if row[0].startswith("`")
-    }
-    assert targets == suite.TARGETS
-
-    def shown(value):
-        if value is None or value == ():
-            return "–"
-        if isinstance(value, bool):
-            return "yes" if value else "no"
-        if isinstance(value, tuple):
-            return ", ".join(f"{v:,}" for v in value)
-        return f"{value:,}" if isinstance(value, int) else f"{value:g}"
-
-    rows = [row for row in _table_rows(page, "### Sizes") if row[0].startswith("`")]
-    fields = {f.name for f in dataclasses.fields(suite.Sizes)}
-    assert rows and all(row[0].strip("`") in fields for row in rows)
-    for field, full, quick, _ in rows:
-        name = field.strip("`")
-        assert (full, quick) == (
-            shown(getattr(suite.FULL, name)),
-            shown(getattr(suite.QUICK, name)),
-        ), name
+    latest = json.loads(docs.LATEST_JSON.read_text(encoding="utf-8"))
+    assert {p.resolve() for p in docs.PAGES} == {p.resolve() for p in DOCS}
+    # Every generated block is exactly what LATEST.json (and the registry) renders to, so every
+    # figure in it is the JSON's, and rewriting the pages from the JSON (as `fullthrottle bench`
+    # does) changes nothing: a hand-edited figure, a stale one, or a block of a benchmark whose
+    # reading LATEST.json lacks fails here.
+    for path in DOCS:
+        page = path.read_text(encoding="utf-8")
+        assert docs.render_page(page, latest) == page, f"{path.name}: stale generated block"
+    blocks = {name for path in DOCS for name in docs.blocks_in(path.read_text(encoding="utf-8"))}
+    assert blocks == set(docs.BLOCKS), "every figure the generator writes is on some page"
+    performance = docs.blocks_in((REPO / "docs" / "performance.md").read_text(encoding="utf-8"))
+    assert {"latest", "targets", "sizes"} <= set(performance)
 
 
 def _outside_generated_blocks(text: str) -> str:
-    from fullthrottle.bench.suite import DOCS_BEGIN, DOCS_END
+    from fullthrottle.bench.docs import outside_blocks
 
-    while DOCS_BEGIN in text and DOCS_END in text:
-        text = text.split(DOCS_BEGIN, 1)[0] + text.split(DOCS_END, 1)[1]
-    return text
+    return outside_blocks(text)
 
 
 @pytest.mark.parametrize("path", DOCS, ids=[p.name for p in DOCS])

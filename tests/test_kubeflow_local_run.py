@@ -28,7 +28,7 @@ from tests.helpers import REPO, served_dirs
 from tests.kfp_local import local_env, run_spec
 from tests.tracking_server import MlflowServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.external]
 
 TRAIN_STEPS = 200
 ORDER = ("CsvExampleGen", "StatisticsGen", "ExampleValidator", "DataGate", "Transform",

@@ -16,8 +16,6 @@ from tests.helpers import (
     label_of,
     last_run,
     leftovers,
-    run_cli,
-    served_dirs,
     strip_label,
 )
 
@@ -134,19 +132,3 @@ def test_a_default_run_leaves_nothing_in_the_temp_folder(penguins_run):
     assert leftovers(Path(result.tmpdir)) == []
     # in_memory is DirectRunner's default: no Beam argument, so TFX does not package itself.
     assert beam_pipeline_args(BeamConfig()) == []
-
-
-def test_second_run_reuses_the_cache(penguins_run):
-    output_dir, _ = penguins_run
-    first = last_run(output_dir)
-    result = run_cli("run", "--output-dir", str(output_dir), "--set", "training.train_steps=300")
-    assert result.returncode == 0, result.stderr[-3000:]
-    second = last_run(output_dir)
-    for component in ("StatisticsGen", "Transform", "Trainer", "Evaluator"):
-        assert second["components"][component]["state"] == "cached", (
-            component,
-            second["components"],
-        )
-    assert second["run_id"] != first["run_id"]
-    # Nothing new is pushed when nothing changed.
-    assert len(served_dirs(output_dir / "serving" / "penguins")) == 1

@@ -8,8 +8,8 @@ FULLTHROTTLE_WHEELHOUSE; `pip install --no-index`, nothing from the network), in
 2. then `pip install` of a copy of this project (no --no-deps: pip resolves the declared
    dependencies), and `fullthrottle serve|compile|submit --help` from the venv's console script.
 The order is fixed in one fixture: step 2 needs no model, step 1 must not see the project.
-Marked `venv` (about 4 minutes here, mostly unpacking TensorFlow's and TFX's wheels); `make test`
-runs it, `-m "not venv"` leaves it out.
+Marked `external` (about 4 minutes here, mostly unpacking TensorFlow's and TFX's wheels): run by
+`make test-external`, CI's own step for checks of systems outside the project.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import pytest
 from fullthrottle.tracking.store import scoped_tracking_uri
 from tests.helpers import REPO, last_run
 
-pytestmark = [pytest.mark.slow, pytest.mark.venv]
+pytestmark = [pytest.mark.slow, pytest.mark.external]
 
 # JSON as clients write it: whole numbers as integers (215) or with a point (215.0), a missing
 # value as null.

@@ -1,21 +1,19 @@
 """A real-world CSV, as a new user brings it: awkward column names, dirty cells.
 
-One file (tests/real_world_csv.py) holds the column-name cases (slashes, spaces, parentheses,
-dots, leading digits, CJK and accented letters, names that differ only in case, Python keywords,
-a 200-character name, names that read alike once sanitized, a column called "label") plus
-decimal commas in a numeric column and labels written several ways. The user's path, once:
-`init` reports the dirty cells; `run` on init's config stops in its first seconds; with the
-suggested options one pipeline run trains and pushes; the pushed model answers `predict_raw`,
-the REST API and `fullthrottle predict` under the names as written, and MLflow's params keep
-them. Names no column can have stop `run` before any component runs; dirty TFRecord input,
-which staging cannot read cell by cell, is stopped by the DataGate before Transform.
+The session's own-data run (tests/own_data.py) holds the column-name cases (slashes, spaces,
+parentheses, dots, leading digits, CJK and accented letters, names that differ only in case,
+Python keywords, a 200-character name, names that read alike once sanitized, a column called
+"label") plus decimal commas in a numeric column and labels written several ways. The user's
+path, once: `init` reports the dirty cells; `run` on init's config stops in its first seconds;
+with the suggested options one pipeline run trains and pushes; the pushed model answers
+`predict_raw`, the REST API and `fullthrottle predict` under the names as written, and MLflow's
+params keep them. Names no column can have stop `run` before any component runs; dirty TFRecord
+input, which staging cannot read cell by cell, is stopped by the DataGate before Transform.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
-import io
 import json
 import time
 from pathlib import Path
@@ -26,7 +24,6 @@ import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
 
-from fullthrottle import cli
 from fullthrottle.core.config import load_config
 from fullthrottle.core.features import LABEL_VOCAB, internal_name, transformed_name
 from fullthrottle.outcome import read_latest_run
@@ -34,80 +31,38 @@ from fullthrottle.tracking.store import scoped_tracking_uri
 from serving.servables import read_signature_defs
 from serving.signatures import call_signature, signature_input_specs
 from tests.helpers import last_run, run_cli, served_dirs
-from tests.real_world_csv import (
+from tests.own_data import (
+    CONSTANT,
     DECIMAL_COMMA_ROWS,
+    ID,
     LABEL,
     LABEL_CASE_ROWS,
     LABEL_SPACE_ROWS,
     NAMES,
+    SUGGESTED,
+    TRAIN_STEPS,
+    OwnDataRun,
+    cli_in_process,
+    complete,
     line_of,
+    own_data_run,
     penguin_rows,
-    write_awkward_csv,
 )
-
-TRAIN_STEPS = 200
-# What `run` needs besides init's config: the options init suggested, a bar the model clears.
-SUGGESTED = ("--set", "data.decimal=','", "--set", "data.near_duplicate_labels=merge")
-
-
-def _cli(*args: str, stdout: list[str] | None = None) -> tuple[int, str]:
-    """`fullthrottle ARGS` in this process; exit status and everything it printed, one line.
-    `stdout`, if given, receives what it printed on stdout alone."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(list(args))
-    if stdout is not None:
-        stdout.append(out.getvalue())
-    return code, " ".join((out.getvalue() + err.getvalue()).split())
 
 
 @pytest.fixture(scope="module")
-def user(tmp_path_factory):
+def user(tmp_path_factory) -> OwnDataRun:
     """The user's path: write the CSV, init, run (stopped), run with the suggested options."""
-    work = tmp_path_factory.mktemp("real_world")
-    data = work / "export.csv"
-    records = write_awkward_csv(data, dirty=True)
-    config = work / "export.yaml"
-    init = _cli("init", "--data", str(data), "--label", LABEL, "--output", str(config))
-    stopped_dir = work / "stopped"
-    started = time.monotonic()
-    stopped = _cli("run", "--config", str(config), "--output-dir", str(stopped_dir))
-    stopped_seconds = time.monotonic() - started
-    output_dir = work / "runs"
-    trained = run_cli(
-        "run",
-        "--config",
-        str(config),
-        "--output-dir",
-        str(output_dir),
-        *SUGGESTED,
-        "--set",
-        f"training.train_steps={TRAIN_STEPS}",
-        "--set",
-        "evaluation.accuracy_threshold=0.6",
-        cwd=work,
-    )
-    return {
-        "work": work,
-        "data": data,
-        "records": records,
-        "config": config,
-        "init": init,
-        "stopped": stopped,
-        "stopped_dir": stopped_dir,
-        "stopped_seconds": stopped_seconds,
-        "output_dir": output_dir,
-        "trained": trained,
-    }
+    return own_data_run(str(tmp_path_factory.getbasetemp()))
 
 
 # --- init and the first run: reported, then stopped -------------------------------------------
 @pytest.mark.slow
 def test_init_reports_the_dirty_cells_with_values_lines_and_the_fix(user):
-    code, said = user["init"]
+    code, said = user.init
     assert code == 0, said
     number = DECIMAL_COMMA_ROWS[0]
-    comma = user["records"][number]["bill length (mm)"]
+    comma = user.records[number]["bill length (mm)"]
     assert "," in comma
     assert "column 'bill length (mm)' (in `data.numeric`): 4 of 342 present cells" in said
     assert f"{comma!r} has a decimal comma ({line_of(number)})" in said
@@ -118,34 +73,34 @@ def test_init_reports_the_dirty_cells_with_values_lines_and_the_fix(user):
     assert "`data.near_duplicate_labels: merge`" in said and "`keep`" in said
     # The written config keeps every name as written, lists the dirty column as numeric (what it
     # is meant to be) and carries the same notes at its top.
-    config = load_config(user["config"])
-    assert set(config.data.feature_columns) | {config.data.label} == set(NAMES)
+    config = load_config(user.config_path)
+    assert set(config.data.feature_columns) | {config.data.label} == set(NAMES) - {ID, CONSTANT}
     assert "bill length (mm)" in config.data.numeric
-    text = user["config"].read_text(encoding="utf-8")
+    text = user.config_path.read_text(encoding="utf-8")
     assert text.index("# NEEDS A DECISION") < text.index("data:")
     assert "near_duplicate_labels: stop" in text and 'decimal: "."' in text
 
 
 @pytest.mark.slow
 def test_run_on_the_unedited_config_stops_in_staging_naming_both(user):
-    code, said = user["stopped"]
+    code, said = user.stopped
     assert code == 2, said
-    assert said.startswith(f"fullthrottle run: error: {user['data']}: 2 columns need a decision")
+    assert said.startswith(f"fullthrottle run: error: {user.csv_path}: 2 columns need a decision")
     assert "column 'bill length (mm)' (in `data.numeric`)" in said
     assert f"column {LABEL!r} (in `data.label`)" in said
     assert "Traceback" not in said
     # Before any component: no metadata store, nothing staged for ExampleGen.
-    assert not (user["stopped_dir"] / "metadata").exists()
-    assert not (user["stopped_dir"] / "data").exists()
-    print(f"stopped by staging after {user['stopped_seconds']:.1f} s (imports included)")
+    assert not (user.stopped_dir / "metadata").exists()
+    assert not (user.stopped_dir / "data").exists()
+    print(f"stopped by staging after {user.stopped_seconds:.1f} s (imports included)")
 
 
 # --- with the suggested options: trained, pushed, served under the names as written ---------
 @pytest.mark.slow
 def test_with_the_suggested_options_it_trains_and_pushes(user):
-    result = user["trained"]
+    result = user.run
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr[-5000:]}"
-    last = last_run(user["output_dir"])
+    last = last_run(user.output_dir)
     assert last["blessed"] and last["pushed_model_dir"], last
     assert last["training"]["steps_completed"] == TRAIN_STEPS
     # The label's spellings were merged into three classes, not five.
@@ -157,8 +112,8 @@ def test_with_the_suggested_options_it_trains_and_pushes(user):
 
 @pytest.mark.slow
 def test_the_model_takes_every_column_under_the_name_as_written(user):
-    last = last_run(user["output_dir"])
-    config = load_config(user["config"])
+    last = last_run(user.output_dir)
+    config = load_config(user.config_path)
     features = set(config.data.feature_columns)
     # What TF Serving and `fullthrottle serve` match request keys against.
     signature_defs = read_signature_defs(last["pushed_model_dir"])
@@ -170,7 +125,7 @@ def test_the_model_takes_every_column_under_the_name_as_written(user):
     internal = set(model.signatures["predict_raw"].structured_input_signature[1])
     assert internal == {internal_name(name) for name in features}
     # Raw rows under the names as written give what serialized examples give.
-    written = [r for r in user["records"][::7] if all(r.values())]
+    written = [r for r in user.records[::7] if complete(r)]
     inputs = {
         name: np.array(
             [
@@ -203,13 +158,13 @@ def test_the_model_takes_every_column_under_the_name_as_written(user):
 def test_mlflow_params_keep_the_names_as_written(user):
     from mlflow.tracking import MlflowClient
 
-    output_dir = user["output_dir"]
+    output_dir = user.output_dir
     client = MlflowClient(tracking_uri=f"sqlite:///{output_dir / 'mlflow' / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name(load_config(user["config"]).pipeline_name)
+    experiment = client.get_experiment_by_name(load_config(user.config_path).pipeline_name)
     runs = client.search_runs([experiment.experiment_id])
     params = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags).data.params
     assert params["data.label"] == LABEL
-    numeric = load_config(user["config"]).data.numeric
+    numeric = load_config(user.config_path).data.numeric
     assert json.loads(params["data.numeric"]) == list(numeric)
     assert "温度" in params["data.numeric"] and "Körpermasse (g)" in params["data.numeric"]
 
@@ -218,17 +173,17 @@ def test_mlflow_params_keep_the_names_as_written(user):
 def test_the_mlflow_model_takes_the_columns_as_written(user):
     import mlflow
 
-    last = last_run(user["output_dir"])
+    last = last_run(user.output_dir)
     model_id = last["tracking"]["model_id"]
     assert model_id, last["tracking"]
-    with scoped_tracking_uri(f"sqlite:///{user['output_dir'] / 'mlflow' / 'mlflow.db'}"):
+    with scoped_tracking_uri(f"sqlite:///{user.output_dir / 'mlflow' / 'mlflow.db'}"):
         model = mlflow.pyfunc.load_model(f"models:/{model_id}")
-    features = set(load_config(user["config"]).data.feature_columns)
+    features = set(load_config(user.config_path).data.feature_columns)
     schema = model.metadata.get_input_schema()
     assert set(schema.input_names()) == features
     kinds = {c.name: c.type.name for c in schema.inputs}
     cast = {"string": str, "long": int, "double": lambda cell: float(cell.replace(",", "."))}
-    written = [r for r in user["records"][::7] if all(r.values())][:5]
+    written = [r for r in user.records[::7] if complete(r)][:5]
     rows = pd.DataFrame([{name: cast[kinds[name]](r[name]) for name in features} for r in written])
     predicted = model.predict(rows)
     assert [c for c in predicted["class"]] == [r[LABEL].strip().capitalize() for r in written]
@@ -238,8 +193,8 @@ def test_the_mlflow_model_takes_the_columns_as_written(user):
 def test_rest_and_predict_take_the_names_as_written(user):
     from fullthrottle.bench.serving import free_port, start_server, stop_server
 
-    last = last_run(user["output_dir"])
-    config = load_config(user["config"])
+    last = last_run(user.output_dir)
+    config = load_config(user.config_path)
     serving_dir = Path(last["pushed_model_dir"]).parent
     port = free_port()
     process = start_server(str(serving_dir), model_name=config.model_name, port=port)
@@ -250,18 +205,18 @@ def test_rest_and_predict_take_the_names_as_written(user):
         inputs = metadata["metadata"]["signature_def"]["signature_def"]["predict_raw"]["inputs"]
         assert set(inputs) == set(config.data.feature_columns)
         # A few rows of the user's own file, decimal commas included, as `predict` reads them.
-        rows_file = user["work"] / "new_rows.csv"
-        with user["data"].open(encoding="utf-8") as source:
+        rows_file = user.workdir / "new_rows.csv"
+        with user.csv_path.open(encoding="utf-8") as source:
             lines = source.read().splitlines()
         picked = [1 + DECIMAL_COMMA_ROWS[0], 2, 160, 300]  # lines of Adelie, Gentoo, Chinstrap
-        assert all(all(user["records"][i - 1].values()) for i in picked)
+        assert all(complete(user.records[i - 1]) for i in picked)
         rows_file.write_text("\n".join([lines[0], *(lines[i] for i in picked)]) + "\n")
         # In this process (its imports are paid): `predict` as a user runs it, over REST.
         printed: list[str] = []
-        code, said = _cli(
+        code, said = cli_in_process(
             "predict",
             "--config",
-            str(user["config"]),
+            str(user.config_path),
             "--csv",
             str(rows_file),
             "--url",
@@ -276,7 +231,7 @@ def test_rest_and_predict_take_the_names_as_written(user):
         truth = [next(csv.reader([lines[i]]))[0].strip().capitalize() for i in picked]
         assert [a["classes"] for a in answered] == truth
         # JSON instances keyed by the names as written (predict_raw through REST).
-        records = [user["records"][i - 1] for i in picked]
+        records = [user.records[i - 1] for i in picked]
         instances = [
             {
                 name: record[name]
@@ -375,7 +330,7 @@ def test_a_bad_column_name_stops_run_before_any_component(tmp_path, case):
         numeric.append(renames["year"])
     output_dir = tmp_path / "out"
     started = time.monotonic()
-    code, said = _cli(
+    code, said = cli_in_process(
         "run",
         "--data",
         str(data),
@@ -419,7 +374,7 @@ def test_dirty_tfrecords_are_stopped_by_the_gate_before_transform(tmp_path):
             example = tf.train.Example(features=tf.train.Features(feature=feature))
             writer.write(example.SerializeToString())
     output_dir = tmp_path / "out"
-    code, said = _cli(
+    code, said = cli_in_process(
         "run",
         "--data",
         str(folder),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -135,7 +136,10 @@ def test_the_pre_batched_copies_folder_is_checked_before_the_run(tmp_path, capsy
     assert not (output / "pipeline_root").exists() and not (output / "metadata").exists()
 
 
-def test_the_resume_command_repeats_the_run_without_its_secrets():
+def test_the_resume_command_is_the_one_typed_without_its_secrets(monkeypatch):
+    """As the user typed it: behind the launcher that started the run (`bin/envrun`, or `make
+    run`, whose ARGS carry the rest), bare inside the environment (a process the launcher's
+    command started, e.g. in `bin/envrun bash`)."""
     import argparse
 
     from fullthrottle.commands.run import resume_command
@@ -143,6 +147,46 @@ def test_the_resume_command_repeats_the_run_without_its_secrets():
     args = argparse.Namespace(
         argv=("run", "--output-dir", "my runs", "--set", "tracking.uri=https://me:s3cret@mlflow.x")
     )
-    command = resume_command(args)
-    assert command.startswith("fullthrottle run --output-dir 'my runs' --set ")
-    assert "s3cret" not in command and "mlflow.x" in command
+    monkeypatch.setenv("FULLTHROTTLE_ENVRUN", "./bin/envrun")
+    monkeypatch.setenv("FULLTHROTTLE_ENVRUN_COMMAND_PID", str(os.getpid() + 1))
+    bare = resume_command(args)
+    assert bare.startswith("fullthrottle run --output-dir 'my runs' --set ")
+    monkeypatch.setenv("FULLTHROTTLE_ENVRUN_COMMAND_PID", str(os.getpid()))
+    assert resume_command(args) == "./bin/envrun " + bare
+    monkeypatch.setenv("FULLTHROTTLE_MAKE_TARGET", "run")
+    made = resume_command(args)
+    make, target, variable = shlex.split(made)
+    assert (make, target) == ("make", "run") and variable.startswith("ARGS=")
+    assert shlex.split(variable.removeprefix("ARGS="))[:3] == ["--output-dir", "my runs", "--set"]
+    for command in (bare, made):
+        assert "s3cret" not in command and "mlflow.x" in command
+
+
+def test_a_refusal_names_the_pid_that_stops_the_holder_on_the_host(tmp_path, monkeypatch):
+    """A run in bin/envrun's userland has a PID of the userland's PID namespace; the refusal
+    names the launcher's host PID (envrun passes a signal on to the run) and the command line as
+    typed, and does not call a holder of another PID namespace ended because its PID is not
+    seen here."""
+    monkeypatch.setenv("FULLTHROTTLE_ENVRUN_COMMAND_PID", str(os.getpid()))
+    monkeypatch.setenv("FULLTHROTTLE_ENVRUN_HOST_PID", "4242")
+    with hold_run_lock(tmp_path, command="bin/envrun fullthrottle run --output-dir x") as path:
+        with pytest.raises(RunLockedError) as refused, hold_run_lock(tmp_path, command="b"):
+            pass
+        message = str(refused.value)
+        assert (
+            "pid 4242 on " in message and "(bin/envrun fullthrottle run --output-dir x," in message
+        )
+        assert f"pid {os.getpid()}" not in message
+        # Seen from another PID namespace: a PID that does not exist here proves nothing.
+        holder = json.loads(path.read_text())
+        holder.update(pid=2**22 + 7, pid_namespace="pid:[1]")
+        path.write_text(json.dumps(holder))
+        with pytest.raises(RunLockedError) as refused, hold_run_lock(tmp_path, command="b"):
+            pass
+        assert "pid 4242 on " in str(refused.value) and "has ended" not in str(refused.value)
+        # A process the run started (inside the namespace, not the launcher's own command).
+        holder.update(pid=57, pid_namespace=None, host_pid=None)
+        path.write_text(json.dumps(holder))
+        with pytest.raises(RunLockedError) as refused, hold_run_lock(tmp_path, command="b"):
+            pass
+        assert "pid 57 inside the PID namespace of bin/envrun (pid 4242) on " in str(refused.value)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -320,3 +324,39 @@ def test_the_gate_the_schema_import_and_the_pusher_work_on_a_non_local_filesyste
                         properties)  # fmt: skip
     assert again.get_string_custom_property("pushed_version") == version
     assert [n.rstrip("/") for n in tf.io.gfile.listdir(serving_dir)] == [version]
+
+
+# --- a killed push's leftovers ------------------------------------------------------------------
+_HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_staging_of_a_live_push_is_kept_and_of_a_killed_one_removed(tmp_path):
+    from serving.push import remove_abandoned_folders
+
+    serving_dir = tmp_path / "serving"
+    live = serving_dir / ".staging-7-aaaaaaaa"
+    (live / "variables").mkdir(parents=True)
+    (serving_dir / "7").mkdir()  # a published version is never touched
+    (serving_dir / ".deleting-3-bbbbbbbb").mkdir()  # retention killed mid-delete
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(live)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        assert remove_abandoned_folders(str(serving_dir)) == [".deleting-3-bbbbbbbb"]
+        assert sorted(os.listdir(serving_dir)) == [".staging-7-aaaaaaaa", "7"]
+    finally:
+        os.killpg(holder.pid, signal.SIGKILL)
+        holder.wait(timeout=30)
+    # Its owner is dead (the kernel dropped the lock): the next push's clean-up removes it.
+    assert remove_abandoned_folders(str(serving_dir)) == [".staging-7-aaaaaaaa"]
+    assert sorted(os.listdir(serving_dir)) == ["7"]

@@ -9,6 +9,8 @@ that folder. `tests/test_serving_tf_serving_api.py` checks the API case by case 
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -260,6 +262,7 @@ def test_predict_command_sends_csv_rows(served, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(result.stdout)
     assert [r["classes"] for r in rows] == ["Adelie", "Gentoo"]
+    _assert_text_names_each_probability(["--csv", str(csv_file), "--url", url], rows)
     bad = run_cli("predict", "--csv", str(csv_file), "--url", url, "--version", "7")
     assert bad.returncode == 2 and "404" in bad.stderr and "Traceback" not in bad.stderr
     # A missing cell of a feature the model requires (island): the server refuses the batch, the
@@ -275,6 +278,37 @@ def test_predict_command_sends_csv_rows(served, tmp_path):
         "\n", " "
     ), refused.stderr[-2000:]
     assert "Traceback" not in refused.stderr
+
+
+def _assert_text_names_each_probability(arguments: list[str], rows: list[dict]) -> None:
+    """`predict`'s text output (run in this process): per row the class, then every class name
+    with its probability, as the JSON output has them."""
+    from fullthrottle.cli import build_parser
+    from fullthrottle.commands import predict
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert predict.run(build_parser().parse_args(["predict", *arguments])) == 0
+    lines = buffer.getvalue().splitlines()
+    assert len(lines) == len(rows)
+    for line, row in zip(lines, rows, strict=True):
+        predicted, scores = line.split("\t")
+        named = dict(pair.split("=") for pair in scores.split(" "))
+        assert predicted == row["classes"] and sorted(named) == ["Adelie", "Chinstrap", "Gentoo"]
+        assert max(named, key=lambda name: float(named[name])) == predicted
+        assert sorted(float(p) for p in named.values()) == pytest.approx(
+            sorted(row["probabilities"]), abs=1e-4
+        )
+
+
+def test_the_server_announces_grpc_only_when_it_serves_it():
+    from serving.server import endpoints_text
+
+    on = endpoints_text(model_name="m", host="127.0.0.1", port=8501, grpc_port=8500)
+    assert "grpc://127.0.0.1:8500" in on and "REST and gRPC APIs" in on
+    off = endpoints_text(model_name="m", host="127.0.0.1", port=8501, grpc_port=0)
+    assert off.startswith("http://127.0.0.1:8501/v1/models/m ")
+    assert "grpc://" not in off and "gRPC APIs" not in off and "gRPC off" in off
 
 
 def test_csv_cells_take_the_model_input_dtypes(served):
@@ -791,6 +825,7 @@ def test_predict_command_over_grpc(served, tmp_path):
     rows = json.loads(grpc_result.stdout)
     assert [r["classes"] for r in rows] == ["Adelie", "Gentoo"]
     assert all(abs(sum(r["probabilities"]) - 1) < 1e-5 for r in rows)
+    _assert_text_names_each_probability(["--csv", str(csv_file), "--grpc", served["grpc"]], rows)
     unknown = run_cli("predict", "--csv", str(csv_file), "--grpc", served["grpc"], "--version", "7")
     assert unknown.returncode == 2 and "NOT_FOUND" in unknown.stderr, unknown.stderr[-2000:]
     assert "Traceback" not in unknown.stderr

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from fullthrottle.core import exit_status
 from fullthrottle.core.errors import ConfigError
 
 
@@ -68,4 +69,4 @@ def run(args: argparse.Namespace) -> int:
     print(table(runs))
     path = chart(runs, Path(args.chart) if args.chart else config.output_path / "compare.png")
     print(f"chart: {path}", file=sys.stderr)
-    return 0
+    return exit_status.SUCCESS

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from fullthrottle.core import exit_status
 from fullthrottle.core.errors import ConfigError
 
 TARGETS = ("kubeflow",)
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             ]
         )
     )
-    return 0
+    return exit_status.SUCCESS
 
 
 def _task_names(pipeline_spec: dict[str, Any]) -> list[str]:

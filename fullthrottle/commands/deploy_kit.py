@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from fullthrottle.core import exit_status
 
 
 def register(sub: Any) -> argparse.ArgumentParser:
@@ -33,4 +34,4 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     for path in write_kit(config, kit_dir=Path(args.kit_dir), project_root=Path.cwd()):
         print(path)
-    return 0
+    return exit_status.SUCCESS

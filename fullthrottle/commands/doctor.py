@@ -26,6 +26,7 @@ import sys
 from typing import Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from fullthrottle.core import exit_status
 from trainer_module.training import hardware
 
 PACKAGES = (
@@ -460,4 +461,4 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         print(render(report))
-    return 1 if report["warnings"] else 0
+    return exit_status.FINDINGS if report["warnings"] else exit_status.SUCCESS

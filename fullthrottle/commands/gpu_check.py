@@ -20,7 +20,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fullthrottle.core import exit_status
 from fullthrottle.core.errors import FullthrottleError
+from trainer_module.training import metrics
 
 NUM_CLASSES = 4
 VOCAB_SIZE = 1000
@@ -92,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     print(report(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    return 0
+    return exit_status.SUCCESS
 
 
 def check(
@@ -175,13 +177,13 @@ def check(
                     "replicas": int(result.facts.num_replicas),
                     "steps": int(result.steps_completed),
                     "global_batch_size": int(result.facts.global_batch_size),
-                    "examples_per_second": examples_per_second,
-                    "mfu": examples_per_second
+                    metrics.EXAMPLES_PER_SECOND: examples_per_second,
+                    metrics.MFU: examples_per_second
                     * flops_per_example
                     / (ceiling_flops * result.facts.num_replicas),
-                    "input_wait_fraction": float(result.input_wait_fraction),
-                    "loss_scale_skipped_steps": int(result.loss_scale_skipped_steps),
-                    "final_loss": float(result.final_loss),
+                    metrics.INPUT_WAIT_FRACTION: float(result.input_wait_fraction),
+                    metrics.LOSS_SCALE_SKIPPED_STEPS: int(result.loss_scale_skipped_steps),
+                    metrics.FINAL_LOSS: float(result.final_loss),
                     "precision": result.facts.precision_policy,
                 }
             )
@@ -272,13 +274,13 @@ def report(results: dict[str, Any]) -> str:
     ]
     for r in results["runs"]:
         lines.append(
-            f"  {r['run']:<32} {r['replicas']:>8} {r['examples_per_second']:>11.1f} "
-            f"{r['mfu']:>7.1%} {r['input_wait_fraction']:>11.1%} "
-            f"{r['loss_scale_skipped_steps']:>17d} {r['final_loss']:>11.4f}"
+            f"  {r['run']:<32} {r['replicas']:>8} {r[metrics.EXAMPLES_PER_SECOND]:>11.1f} "
+            f"{r[metrics.MFU]:>7.1%} {r[metrics.INPUT_WAIT_FRACTION]:>11.1%} "
+            f"{r[metrics.LOSS_SCALE_SKIPPED_STEPS]:>17d} {r[metrics.FINAL_LOSS]:>11.4f}"
         )
     single, multi = results["runs"]
-    if multi["replicas"] > 1 and single["examples_per_second"] > 0:
-        speedup = multi["examples_per_second"] / single["examples_per_second"]
+    if multi["replicas"] > 1 and single[metrics.EXAMPLES_PER_SECOND] > 0:
+        speedup = multi[metrics.EXAMPLES_PER_SECOND] / single[metrics.EXAMPLES_PER_SECOND]
         lines.append(
             f"  scaling over {multi['replicas']} replicas: {speedup:.2f}x "
             f"({speedup / multi['replicas']:.0%} of linear)"

@@ -13,16 +13,19 @@ import json
 import math
 import os
 import re
+import shlex
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
+from fullthrottle.core import exit_status
 from fullthrottle.core.errors import ConfigError
-from fullthrottle.core.paths import hidden_reason
+from fullthrottle.core.launcher import command_as_typed
+from fullthrottle.core.paths import hidden_reason, shown_because_named
+from trainer_module.training.config import TrainingConfig
 
 DEFAULT_OUTPUT = "fullthrottle.yaml"
-DEFAULT_TRAIN_STEPS = 1000
 # Column names in the printed table are clipped to this width.
 NAME_WIDTH = 40
 
@@ -110,7 +113,7 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         f"# written by `fullthrottle init` on {now} from {inference.rows_sampled} sampled rows of",
         f"# {inference.source_file}. Edit freely: fields not listed keep their defaults",
         "# (fullthrottle/core/config.py). Train with:",
-        f"#   fullthrottle run --config {config_path.name}",
+        f"#   {shlex.join(['fullthrottle', *train_arguments(inference, config_path.name)])}",
         "# Override single fields on the command line (--set training.train_steps=2000) or pick a",
         "# hardware preset (--preset cpu | gpu | multi_gpu | multi_worker).",
         "",
@@ -197,7 +200,7 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         "",
         "training:",
         "  # Optimizer steps; one step sees global_batch_size = per_replica_batch_size x replicas rows.",
-        f"  train_steps: {DEFAULT_TRAIN_STEPS}",
+        f"  train_steps: {TrainingConfig.train_steps}",
         "  per_replica_batch_size: 64",
         "  learning_rate: 0.001",
         "  # auto: mixed_bfloat16 on CPUs with AVX512_BF16/AMX, mixed_float16 on GPUs with tensor",
@@ -214,6 +217,16 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def train_arguments(inference: Any, config_file: str | Path) -> list[str]:
+    """`fullthrottle run` on the config written. Data that `bin/envrun`'s userland shows only
+    because init's command line names it is named on this one too (a config file alone does
+    not show it)."""
+    arguments = ["run", "--config", str(config_file)]
+    if shown_because_named(inference.path):
+        arguments += ["--data", str(inference.path.resolve())]
+    return arguments
 
 
 def run(args: argparse.Namespace) -> int:
@@ -267,5 +280,5 @@ def run(args: argparse.Namespace) -> int:
         out.write(f"wrote {output} (the same notes are at its top). Decide, then train:\n")
     else:
         out.write(f"wrote {output}. Check it, then train:\n")
-    out.write(f"  fullthrottle run --config {output}\n")
-    return 0
+    out.write(f"  {command_as_typed(train_arguments(inference, output))}\n")
+    return exit_status.SUCCESS

@@ -11,6 +11,10 @@ if the model requires that feature, the server's refusal is reported with the CS
 JSON is either a whole TF Serving request body or a list of feature objects (sent to
 ``predict_raw``). REST works with `fullthrottle serve` and TF Serving; ``--grpc`` uses TF
 Serving's PredictionService through tensorflow-serving-api.
+
+The text output names each probability's class: the class names, in the order of the
+probabilities, come from the model's ``classification`` signature (every class name), asked
+once with the first example.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from fullthrottle.core import exit_status
 from fullthrottle.core.config import Config, check_name
 from fullthrottle.core.errors import DataError, ServingError
 
@@ -359,6 +364,91 @@ def predict_grpc(
     }
 
 
+def _json_example(instance: Mapping[str, Any]) -> bytes:
+    """A feature object of a JSON request as a serialized tf.Example (strings as bytes, whole
+    numbers as int64, other numbers as floats), for the `classification` signature."""
+    import tensorflow as tf
+
+    features = {}
+    for name, value in instance.items():
+        values = value if isinstance(value, list) else [value]
+        if all(isinstance(v, str) for v in values):
+            feature = tf.train.Feature(
+                bytes_list=tf.train.BytesList(value=[v.encode("utf-8") for v in values])
+            )
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            feature = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+        else:
+            feature = tf.train.Feature(float_list=tf.train.FloatList(value=values))
+        features[name] = feature
+    return tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+
+
+def first_example(body: dict[str, Any]) -> bytes | None:
+    """The first example of a request, serialized; None when the body is not one we built."""
+    instances = body.get("instances") or []
+    if not instances:
+        return None
+    first = instances[0]
+    if body.get("signature_name") == "serving_default":
+        return base64.b64decode(first["b64"])
+    if body.get("signature_name") == "predict_raw" and isinstance(first, dict):
+        return _json_example(first)
+    return None
+
+
+def class_names(
+    example: bytes,
+    *,
+    rest_url: str | None,
+    grpc_target: str | None,
+    model_name: str,
+    version: int | None,
+    timeout: float,
+) -> list[str] | None:
+    """Every class name, in the order of the model's probabilities, from its `classification`
+    signature (TF Serving's Predict runs a classify signature too); None when the model has
+    none (not a fullthrottle model)."""
+    try:
+        if grpc_target:
+            import grpc
+            import tensorflow as tf
+            from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+            request = predict_pb2.PredictRequest()
+            request.model_spec.name = model_name
+            request.model_spec.signature_name = "classification"
+            if version is not None:
+                request.model_spec.version.value = version
+            request.inputs["inputs"].CopyFrom(tf.make_tensor_proto([example], dtype=tf.string))
+            with grpc.insecure_channel(grpc_target) as channel:
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+                try:
+                    response = stub.Predict(request, timeout=timeout)
+                except grpc.RpcError:
+                    return None
+            names = tf.make_ndarray(response.outputs["classes"])[0].tolist()
+            return [n.decode("utf-8") for n in names]
+        body = {
+            "signature_name": "classification",
+            "instances": [{"b64": base64.b64encode(example).decode()}],
+        }
+        prediction = predict_rest(rest_url or "", body, timeout=timeout)["predictions"][0]
+        return [str(name) for name in prediction["classes"]]
+    except (ServingError, KeyError, IndexError, TypeError):
+        return None
+
+
+def row_text(row: dict[str, Any], names: list[str] | None) -> str:
+    """One prediction as a line: the class, then each class name with its probability."""
+    probabilities = row.get("probabilities", [])
+    if names is not None and len(names) == len(probabilities):
+        shown = " ".join(f"{name}={p:.4f}" for name, p in zip(names, probabilities, strict=True))
+    else:
+        shown = " ".join(f"{p:.4f}" for p in probabilities)
+    return f"{row.get('classes')}\t{shown}"
+
+
 def _rows(response: dict[str, Any]) -> list[dict[str, Any]]:
     if "predictions" in response:
         return list(response["predictions"])
@@ -393,13 +483,13 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     body, lines = request_body(args, config, kinds=kinds)
+    url = f"{base}/v1/models/{model_name}{version_path}:predict"
     try:
         if args.grpc:
             response = predict_grpc(
                 args.grpc, body, model_name=model_name, version=args.version, timeout=args.timeout
             )
         else:
-            url = f"{base}/v1/models/{model_name}{version_path}:predict"
             response = predict_rest(url, body, timeout=args.timeout)
     except ServingError as exc:
         if args.csv:
@@ -410,7 +500,19 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(rows))
     else:
+        example = first_example(body) if rows else None
+        names = (
+            class_names(
+                example,
+                rest_url=url,
+                grpc_target=args.grpc,
+                model_name=model_name,
+                version=args.version,
+                timeout=args.timeout,
+            )
+            if example is not None
+            else None
+        )
         for row in rows:
-            probabilities = " ".join(f"{p:.4f}" for p in row.get("probabilities", []))
-            print(f"{row.get('classes')}\t{probabilities}")
-    return 0
+            print(row_text(row, names))
+    return exit_status.SUCCESS

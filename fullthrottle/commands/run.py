@@ -7,21 +7,21 @@ import datetime as dt
 import gc
 import json
 import os
-import shlex
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from fullthrottle.core import exit_status
 from fullthrottle.core.config import Config
 from fullthrottle.core.errors import USER_ERRORS, PipelineFailedError
+from trainer_module.training import metrics
 
 if TYPE_CHECKING:
     from fullthrottle.outcome import RunOutcome
 
 LAST_RUN = "last_run.json"
-EXIT_NOT_BLESSED = 3
 INTERRUPTED = "interrupted"
 
 
@@ -65,14 +65,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def resume_command(args: argparse.Namespace) -> str:
-    """The command line that started this run (and resumes it), secrets masked: it is printed,
-    and written to the lock file and `last_run.json`."""
+    """The command line that started this run (and resumes it) as the user typed it (behind
+    `bin/envrun` or `make run`), secrets masked: it is printed, and written to the lock file and
+    `last_run.json`."""
+    from fullthrottle.core.launcher import command_as_typed
     from fullthrottle.core.redact import redact_text
 
     argv = getattr(args, "argv", None)
     if argv is None:
         argv = sys.argv[1:]
-    return redact_text(shlex.join(["fullthrottle", *argv]))
+    return redact_text(command_as_typed(argv))
 
 
 def _run_locked(config: Config, *, command: str) -> int:
@@ -151,7 +153,7 @@ def _run_locked(config: Config, *, command: str) -> int:
     print_summary(summary, path)
     if tracking_message(summary["tracking"]):
         print(tracking_message(summary["tracking"]), file=sys.stderr)
-    return 0 if summary["blessed"] else EXIT_NOT_BLESSED
+    return exit_status.SUCCESS if summary["blessed"] else exit_status.NOT_BLESSED
 
 
 def interrupted_record(
@@ -159,12 +161,12 @@ def interrupted_record(
 ) -> dict[str, Any]:
     """`last_run.json`'s `interrupted`: the signal, where it landed, what was saved, how to
     resume, and the exit status."""
-    from trainer_module.training.interrupt import exit_status, signal_name
+    from trainer_module.training.interrupt import signal_name
 
     signum = getattr(exc, "signum", signal.SIGINT)
     return {
         "signal": signal_name(signum),
-        "exit_status": exit_status(signum),
+        "exit_status": exit_status.interrupted(signum),
         "component": component,
         "step": getattr(exc, "step", None),
         "checkpoint": getattr(exc, "checkpoint", None),
@@ -273,20 +275,18 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
     ]
     for name, comp in summary["components"].items():
         lines.append(f"  {name:<18} {comp['state']:<9} {comp['seconds']:7.1f} s")
-    metrics = summary["eval_metrics"]
-    if metrics:
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items()))
+    evaluation = summary["eval_metrics"]
+    if evaluation:
+        shown = ", ".join(f"{k}={v:.4f}" for k, v in sorted(evaluation.items()))
         lines.append(f"  evaluation: {shown}")
     training = summary.get("training") or {}
     if training:
+        steps = training.get(metrics.STEPS_COMPLETED)
+        rate = float(training.get(metrics.EXAMPLES_PER_SECOND) or 0.0)
+        wait = float(training.get(metrics.INPUT_WAIT_FRACTION) or 0.0)
         lines.append(
-            "  training: {steps} steps, {eps:.0f} examples/s, input wait {wait:.1%}, {strategy}, {precision}".format(
-                steps=training.get("steps_completed"),
-                eps=float(training.get("examples_per_second") or 0.0),
-                wait=float(training.get("input_wait_fraction") or 0.0),
-                strategy=training.get("strategy_name"),
-                precision=training.get("precision_policy"),
-            )
+            f"  training: {steps} steps, {rate:.0f} examples/s, input wait {wait:.1%}, "
+            f"{training.get(metrics.STRATEGY_NAME)}, {training.get(metrics.PRECISION_POLICY)}"
         )
         if training.get("advisor"):
             from trainer_module.training.advisor import format_advice

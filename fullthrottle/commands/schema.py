@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from fullthrottle.core import exit_status
 from fullthrottle.core.errors import DataError
 from fullthrottle.core.scratch import scratch_tempdir
 
@@ -101,4 +102,4 @@ def run(args: argparse.Namespace) -> int:
         f"fullthrottle: wrote {output}; curate it, then use --set data.schema_path={output}",
         file=sys.stderr,
     )
-    return 0
+    return exit_status.SUCCESS

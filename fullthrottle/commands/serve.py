@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.commands.options import add_config_arguments, config_from_args
+from fullthrottle.core import exit_status
 from fullthrottle.core.config import Config, check_name
 from fullthrottle.core.errors import ConfigError, ServingError
 
@@ -199,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
         grpc_max_message_bytes=config.serving.grpc_max_message_bytes,
         access_log=args.access_log,
     )
-    return 0
+    return exit_status.SUCCESS
 
 
 def _check_port_free(host: str, port: int) -> None:
@@ -261,4 +262,4 @@ def _exec_tf_serving(
     ]
     print("fullthrottle serve: running " + " ".join(argv), file=sys.stderr, flush=True)
     os.execv(binary, argv)
-    return 0  # not reached
+    return exit_status.SUCCESS  # not reached

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from fullthrottle.core import exit_status
 from fullthrottle.core.errors import ConfigError, FullthrottleError
 
 HEALTHZ = "/apis/v2beta1/healthz"
@@ -166,13 +167,13 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print("fullthrottle submit --dry-run: would send (nothing was contacted):")
         print(json.dumps(request, indent=2))
-        return 0
+        return exit_status.SUCCESS
     check_endpoint(args.endpoint)
     result = _send(request, job)
     print(
         f"fullthrottle: submitted {request['kind']} {request['name']!r} to {args.endpoint}: {result}"
     )
-    return 0
+    return exit_status.SUCCESS
 
 
 def _send(request: dict[str, Any], job: dict[str, Any]) -> str:

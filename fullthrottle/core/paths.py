@@ -4,8 +4,10 @@ In `bin/envrun`'s Debian 13 userland (rootfs mode) the host's folders are shown 
 paths, filesystems mounted below them included: every top-level folder the userland does not
 have itself (/home, /root, /mnt, /srv, /data, ...), /tmp, the repo, the working directory, and
 any path a command-line argument names under the userland's own folders (/var, /opt, /usr...).
-envrun lists them in `FULLTHROTTLE_HOST_PATHS`. A path outside them (named only in a config
-file, say) is not "missing": the userland hides it, and the message says so and what to do.
+envrun lists them in `FULLTHROTTLE_HOST_PATHS`, and those of them it shows only because an
+argument names them in `FULLTHROTTLE_NAMED_PATHS` (a later command has to name them too). A path
+outside them (named only in a config file, say) is not "missing": the userland hides it, and the
+message says so and what to do.
 Outside envrun's userland (a venv, a container) the variable is unset and every path is what it
 is.
 """
@@ -16,14 +18,34 @@ import os
 from pathlib import Path
 
 HOST_PATHS_VARIABLE = "FULLTHROTTLE_HOST_PATHS"
+NAMED_PATHS_VARIABLE = "FULLTHROTTLE_NAMED_PATHS"
+
+
+def _roots(variable: str) -> tuple[str, ...] | None:
+    value = os.environ.get(variable)
+    if not value:
+        return None
+    return tuple(path for path in value.split(":") if path)
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def visible_roots() -> tuple[str, ...] | None:
     """The host folders visible here, or None when every path is (not in envrun's userland)."""
-    value = os.environ.get(HOST_PATHS_VARIABLE)
-    if not value:
-        return None
-    return tuple(path for path in value.split(":") if path)
+    return _roots(HOST_PATHS_VARIABLE)
+
+
+def shown_because_named(path: str | Path) -> bool:
+    """`path` is visible here only because this command's arguments name it: a command that
+    only reads it from a config file will not see it."""
+    named = _roots(NAMED_PATHS_VARIABLE)
+    if not named:
+        return False
+    absolute = os.path.abspath(path)
+    always = tuple(root for root in visible_roots() or () if root not in named)
+    return _under(absolute, named) and not _under(absolute, always)
 
 
 def hidden_reason(path: str | Path) -> str | None:
@@ -32,9 +54,8 @@ def hidden_reason(path: str | Path) -> str | None:
     if roots is None or "://" in str(path):
         return None
     absolute = os.path.abspath(path)
-    for root in roots:
-        if absolute == root or absolute.startswith(root.rstrip("/") + "/"):
-            return None
+    if _under(absolute, roots):
+        return None
     top = "/" + absolute.strip("/").split("/")[0]
     return (
         f"{absolute} is on the host, not inside bin/envrun's Debian 13 userland: {top} there is "

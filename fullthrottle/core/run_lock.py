@@ -2,10 +2,12 @@
 
 `fullthrottle run` takes it before any work and holds it to its last line; a second run on the same
 folder is refused at once, naming the holder (pid, host, command, since when) and the folder. The
+pid is the one a person on the host can signal: in `bin/envrun`'s userland, the launcher's (see
+`fullthrottle.core.launcher`), and the command is the one they typed. The
 kernel drops a `flock` when its holder's file descriptor is closed, so the lock is released on any
 exit, SIGKILL included: a stale lock file (its holder gone) is simply taken over. The holder's pid is
-recorded in the file and checked when the lock is busy, to tell "a live run" from "a process that
-inherited the lock and outlived the run" (a forked child). The descriptor is not inherited by
+recorded in the file and checked when the lock is busy (by a reader in the same PID namespace), to
+tell "a live run" from "a process that inherited the lock and outlived the run" (a forked child). The descriptor is not inherited by
 processes the run starts with `exec` (Python opens files close-on-exec).
 
 Commands that only read the folder (`serve`, `compare`, `ui`) do not take the lock.
@@ -24,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from fullthrottle.core.errors import FullthrottleError
+from fullthrottle.core.launcher import describe_process, pid_namespace, process_record
 
 LOCK_FILE = ".fullthrottle.lock"
 
@@ -50,13 +53,15 @@ def _holder_text(path: Path) -> str:
     pid = holder.get("pid")
     if not pid:
         return "another process (it has not written its name yet)"
+    who = describe_process(holder)
     text = (
-        f"pid {pid} on {holder.get('host', '?')} ({holder.get('command', '?')}, "
+        f"{who} on {holder.get('host', '?')} ({holder.get('command', '?')}, "
         f"since {holder.get('started_at', '?')})"
     )
-    if holder.get("host") == socket.gethostname() and not _pid_alive(int(pid)):
+    comparable = holder.get("pid_namespace") == pid_namespace()
+    if comparable and holder.get("host") == socket.gethostname() and not _pid_alive(int(pid)):
         text += (
-            f"; pid {pid} has ended, but a process it started still holds the lock: "
+            f"; {who} has ended, but a process it started still holds the lock: "
             "end that process, or wait for it"
         )
     return text
@@ -94,7 +99,7 @@ def hold_run_lock(output_dir: Path, *, command: str) -> Iterator[Path]:
                 f"--output-dir. (Lock file: {path}.)"
             ) from None
         holder = {
-            "pid": os.getpid(),
+            **process_record(),
             "host": socket.gethostname(),
             "command": command,
             "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -13,7 +13,7 @@
 #      directory and /tmp trains; the outputs land on a small tmpfs mounted under the working
 #      directory (checked on that filesystem, and nothing beneath it); a host path under a folder
 #      the userland has itself (/var/lib/...) is refused with the reason when only a config file
-#      names it, and read when the command line names it.
+#      names it, and read when the command line names it (init's command to train names it too).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ENVRUN="$REPO/bin/envrun"
@@ -123,5 +123,8 @@ if [[ "$(basename "$env_dir")" == rootfs-* && $EUID -eq 0 ]]; then
         { cat "$log" >&2; fail "a hidden data path was not refused with the reason"; }
     (cd "$hp/work" && "$ENVRUN" fullthrottle init --data "$hidden/penguins.csv" --label species --output init.yaml) >"$log" 2>&1 ||
         { cat "$log" >&2; fail "init could not read a path under /var/lib named on the command line"; }
+    # The command init prints names the data again (the config file alone would not show it).
+    grep -qx "  $ENVRUN fullthrottle run --config init.yaml --data $hidden/penguins.csv" "$log" ||
+        { cat "$log" >&2; fail "init's command to train does not name the data it alone shows"; }
     echo "ok: a path under the userland's /var/lib is refused with the reason from a config file, read from the command line"
 fi

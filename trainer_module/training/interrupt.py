@@ -36,11 +36,6 @@ from trainer_module.training.errors import Interrupted
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def exit_status(signum: int | None) -> int:
-    """The shell's status for a process ended by ``signum``: 130 for SIGINT, 143 for SIGTERM."""
-    return 128 + int(signum or signal.SIGTERM)
-
-
 def signal_name(signum: int | None) -> str:
     return signal.Signals(signum).name if signum else "a stop request from another worker"
 

@@ -65,19 +65,25 @@ LOSS_SCALE_SKIPPED_STEPS = "loss_scale_skipped_steps"
 # Steady-state rates over the run (the first, tracing loop left out): the same names as the
 # loop's, and ``mean_<name>`` where they are logged beside the loops' own points.
 SUMMARY_METRICS = (FINAL_LOSS, EXAMPLES_PER_SECOND, INPUT_WAIT_FRACTION, STEPS_COMPLETED)
+# Model FLOPs utilization: achieved FLOP/s over the device's measured matmul ceiling (gpu-check,
+# the benchmark).
+MFU = "mfu"
 MEAN_EXAMPLES_PER_SECOND = f"mean_{EXAMPLES_PER_SECOND}"
 MEAN_INPUT_WAIT_FRACTION = f"mean_{INPUT_WAIT_FRACTION}"
 
 # --- derived params: what the run resolved, logged as params (name, ``RunFacts`` field) ----------
+# Two of the ``RunFacts`` fields, as the summary (``training_summary.json``) names them.
+PRECISION_POLICY = "precision_policy"
+STRATEGY_NAME = "strategy_name"
 DERIVED_PARAMS = (
     ("num_replicas", "num_replicas"),
     ("num_workers", "num_workers"),
     ("global_batch_size", "global_batch_size"),
     ("per_replica_batch_size", "per_replica_batch_size"),
     ("gradient_accumulation_steps", "gradient_accumulation_steps"),
-    ("precision_policy", "precision_policy"),
+    (PRECISION_POLICY, PRECISION_POLICY),
     ("scaled_learning_rate", "learning_rate"),
-    ("strategy", "strategy_name"),
+    ("strategy", STRATEGY_NAME),
     ("model", "model_kind"),
     ("parameters", "parameters"),
 )

@@ -9,8 +9,9 @@ tell the two apart by what it sends or gets back:
   value when the signature has one input) or ``inputs`` (columnar; an object of named inputs,
   or a plain value/list for one input; extra names ignored). A value's type must be what the
   input's dtype takes (JSON integers for integer inputs, ``true``/``false`` for ``DT_BOOL``,
-  strings or ``{"b64": ...}`` for ``DT_STRING``); a number a float32 cannot hold exactly is
-  refused rather than rounded.
+  strings or ``{"b64": ...}`` for ``DT_STRING``). An integer literal sent to a float input is
+  rounded to the nearest float32 (``16777217`` is 16777216, as TF Serving documents under
+  "Floating Point Precision" in api_rest.md); a decimal outside the float32 range is refused.
 - Predict responses: ``{"predictions": [...]}`` for row requests (an object per instance when
   there are several outputs, the value alone when there is one), ``{"outputs": ...}`` for
   columnar ones (an object of outputs, the value alone when there is one). Floats are written
@@ -227,10 +228,10 @@ def _is_json_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _lossless(value: int | float, mantissa_bits: int, limit: float) -> bool:
-    if isinstance(value, int):
-        return abs(value) <= (1 << mantissa_bits) - 1
-    if not math.isfinite(value):
+def _in_range(value: int | float, limit: float) -> bool:
+    """Whether a JSON number fits a float type: integer literals always do (they are rounded,
+    TF Serving's api_rest.md "Floating Point Precision"); decimals must lie within its range."""
+    if isinstance(value, int) or not math.isfinite(value):
         return True
     return -limit <= value <= limit
 
@@ -244,7 +245,7 @@ def _scalar(value: Any, dtype: int) -> Any:
     if dtype in (DT_FLOAT, DT_HALF, DT_BFLOAT16):
         if not _is_json_number(value):
             raise _type_error(value, dtype)
-        if not _lossless(value, 24, _FLOAT32_MAX):
+        if not _in_range(value, _FLOAT32_MAX):
             raise invalid_argument(
                 f"Cannot convert JSON value: {_echo(value)} to float without loss of precision."
             )
@@ -252,7 +253,7 @@ def _scalar(value: Any, dtype: int) -> Any:
     if dtype == DT_DOUBLE:
         if not _is_json_number(value):
             raise _type_error(value, dtype)
-        if not _lossless(value, 53, float(np.finfo(np.float64).max)):
+        if not _in_range(value, float(np.finfo(np.float64).max)):
             raise invalid_argument(
                 f"Cannot convert JSON value: {_echo(value)} to double without loss of precision."
             )
@@ -362,9 +363,8 @@ def predict_inputs(document: Mapping[str, Any], dtypes: Mapping[str, int]) -> Pr
     if has_instances:
         instances = document["instances"]
         if not isinstance(instances, list):
-            # Verbatim from TF Serving ("Excepting"), so clients matching its text match ours.
             raise invalid_argument(
-                f"JSON Value: {_echo(document)} Excepting 'instances' to be an list/array"
+                f"JSON Value: {_echo(document)} Expecting 'instances' to be an list/array"
             )
         if not instances:
             raise invalid_argument(f"JSON Value: {_echo(document)} No values in 'instances' array")
@@ -419,7 +419,7 @@ def _from_instances(instances: list[Any], dtypes: Mapping[str, int]) -> dict[str
             if set(element) != set(names):
                 raise invalid_argument(
                     f"Failed to process element: {index} of 'instances' list. JSON object: "
-                    f"{_echo(element)} must only have keys: {','.join(names)}"
+                    f"{_echo(element)} keys must be equal to: {','.join(names)}"
                 )
         else:
             if _is_element_object(element):
@@ -588,7 +588,7 @@ def _feature_value(item: Any, name: str) -> tuple[str, Any]:
     if isinstance(item, int) and 0 <= item <= 2**64 - 1:
         raise invalid_argument(f"Feature: {name} has uint64 element. Only int64 is supported.")
     number = float(item)
-    if not _lossless(number, 24, _FLOAT32_MAX):
+    if not _in_range(number, _FLOAT32_MAX):
         raise invalid_argument(
             f"Cannot convert JSON value: {_echo(item)} to float without loss of precision."
         )

@@ -32,10 +32,11 @@ import logging
 import re
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -43,13 +44,16 @@ from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serving import rest_protocol, servables
-from serving.servables import LabelSource, VersionedModels
+from serving.grpc_service import DEFAULT_MAX_MESSAGE_BYTES
+from serving.servables import LabelSource, VersionedModels, VersionPolicy
 from serving.status import StatusError, invalid_argument
 
 log = logging.getLogger("fullthrottle.serve")
 VERSION_HEADER = "x-fullthrottle-model-version"
 
-# TF Serving's REST paths (http_rest_api_handler.cc), case-insensitive as there.
+# TF Serving's REST paths (http_rest_api_util.cc), case-insensitive as there. The method and
+# the "metadata" word are then compared case-sensitively (http_rest_api_handler.cc):
+# ":PREDICT" is a malformed request, ".../METADATA" asks for the model's status.
 _PREDICT_PATH = re.compile(
     r"/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)",
     re.IGNORECASE,
@@ -58,6 +62,7 @@ _STATUS_PATH = re.compile(
     r"/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?",
     re.IGNORECASE,
 )
+_METHODS = ("classify", "regress", "predict")
 _CALL_KEY = "fullthrottle_call"
 
 
@@ -187,6 +192,18 @@ def make_dispatch(dataplane: Any, registered_name: str) -> Any:
     return dispatch
 
 
+class _V1Prefix(Convertor):
+    """TF Serving's handler takes every path matching "(?i)/v1/.*": /V1/ included."""
+
+    regex = "[vV]1"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
 class _EveryPath(Convertor):
     regex = r"[\s\S]*"
 
@@ -211,26 +228,32 @@ def install_tf_serving_routes(
             return None
         number = int(text)
         if number > 2**63 - 1:
-            raise invalid_argument(f"Failed to convert version: {text}")
+            raise invalid_argument(f"Failed to convert version: {text} to numeric.")
         return number
+
+    def decoded(text: str | None) -> str | None:
+        # TF Serving matches the path as sent, then percent-decodes the name and the label.
+        return None if text is None else unquote(text)
 
     async def post(path: str, request: Request) -> Response:
         match = _PREDICT_PATH.fullmatch(path)
-        if not match:
+        if not match or match.group(4) not in _METHODS:
             raise invalid_argument(f"Malformed request: POST {path}")
-        name, version_text, label, method = match.groups()
+        name_text, version_text, label_text, method = match.groups()
+        name, label = decoded(name_text), decoded(label_text)
         version = parse_version(version_text)
         body = await request.body()
-        method = method.lower()
 
         def work(loaded: servables.LoadedVersion) -> bytes:
             document = rest_protocol.parse_body(body)
             if method == "predict":
                 signature = rest_protocol.signature_name(document)
-                dtypes = servables.input_dtypes(loaded, signature)
-                decoded = rest_protocol.predict_inputs(document, dtypes)
-                outputs = servables.predict(loaded, signature, decoded.inputs)
-                answer = rest_protocol.predict_response(outputs, row_format=decoded.row_format)
+                dtypes = servables.input_dtypes(loaded, signature, rest=True)
+                decoded_request = rest_protocol.predict_inputs(document, dtypes)
+                outputs = servables.predict(loaded, signature, decoded_request.inputs)
+                answer = rest_protocol.predict_response(
+                    outputs, row_format=decoded_request.row_format
+                )
             else:
                 examples = rest_protocol.examples_request(document)
                 serialized = servables.merge_context(examples.context, examples.examples)
@@ -253,20 +276,22 @@ def install_tf_serving_routes(
         match = _STATUS_PATH.fullmatch(path)
         if not match:
             raise invalid_argument(f"Malformed request: GET {path}")
-        name, version_text, label, subresource = match.groups()
+        name_text, version_text, label_text, subresource = match.groups()
+        name, label = decoded(name_text), decoded(label_text)
         if not name:
             raise invalid_argument("Missing model name in request.")
         version = parse_version(version_text)
-        if subresource:
+        if subresource == "metadata":
             loaded = models.resolve(name, version=version, label=label)
-            response = servables.metadata(loaded, model_name=name)
-            body = _metadata_json(response)
+            body = metadata_json(servables.metadata(loaded, model_name=name))
         else:
-            body = _status_json(models.status(name, version=version, label=label))
+            # GetModelStatus reads the version only: a label lists every version.
+            body = status_json(models.status(name, version=version))
         return _json_response(200, body)
 
     async def v1(request: Request) -> Response:
-        path = request.url.path
+        # The path as sent (percent-encoding kept), as TF Serving's handler matches it.
+        path = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path
         try:
             if request.method == "POST":
                 return await post(path, request)
@@ -291,8 +316,9 @@ def install_tf_serving_routes(
     # Starlette's `path` convertor stops at a newline (its regex is ".*"), and a model name
     # with an encoded newline would then reach KServe's V1 route: match every character.
     register_url_convertor("tf_serving_path", _EveryPath())
+    register_url_convertor("tf_serving_v1", _V1Prefix())
     app.add_api_route(
-        "/v1/{rest:tf_serving_path}",
+        "/{prefix:tf_serving_v1}/{rest:tf_serving_path}",
         v1,
         methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
         response_model=None,
@@ -302,31 +328,33 @@ def install_tf_serving_routes(
     app.add_middleware(BodySizeLimit, max_bytes=max_request_bytes)
 
 
-def _metadata_json(response: Any) -> dict[str, Any]:
-    """GetModelMetadataResponse as TF Serving's REST API writes it (proto3 JSON, field names)."""
+def metadata_json(response: Any) -> dict[str, Any]:
+    """GetModelMetadataResponse as TF Serving's REST API writes it (http_rest_api_util.cc
+    ToJsonString): the model spec and the SignatureDefMap unpacked from its `Any`, each printed
+    with proto field names and every field, so ``metadata.signature_def`` parses back with
+    ``json_format.ParseDict(..., SignatureDefMap())``."""
+    from google.protobuf import json_format
+    from tensorflow_serving.apis import get_model_metadata_pb2
+
+    def printed(message: Any) -> dict[str, Any]:
+        return json_format.MessageToDict(
+            message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+        )
+
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    response.metadata[servables.SIGNATURE_DEF_FIELD].Unpack(signature_map)
+    return {
+        "model_spec": printed(response.model_spec),
+        "metadata": {servables.SIGNATURE_DEF_FIELD: printed(signature_map)},
+    }
+
+
+def status_json(response: Any) -> dict[str, Any]:
+    """GetModelStatusResponse as TF Serving's REST API writes it (every field printed; the
+    proto's json_name keeps snake_case; enums by name)."""
     from google.protobuf import json_format
 
-    return json_format.MessageToDict(
-        response,
-        preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True,
-    )
-
-
-def _status_json(response: Any) -> dict[str, Any]:
-    """GetModelStatusResponse as TF Serving's REST API writes it (error_code "OK" spelled out)."""
-    from tensorflow_serving.apis import get_model_status_pb2
-
-    return {
-        "model_version_status": [
-            {
-                "version": str(entry.version),
-                "state": get_model_status_pb2.ModelVersionStatus.State.Name(entry.state),
-                "status": {"error_code": "OK", "error_message": ""},
-            }
-            for entry in response.model_version_status
-        ]
-    }
+    return json_format.MessageToDict(response, always_print_fields_with_no_presence=True)
 
 
 def _import_kserve_model_server() -> Any:
@@ -364,16 +392,26 @@ def run_server(
     max_request_bytes: int,
     poll_seconds: float,
     serve_versions: int,
+    version_labels: Mapping[str, int] | None = None,
     label_source: LabelSource | None = None,
+    grpc_max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     access_log: bool = False,
 ) -> None:
     """Serves until SIGINT/SIGTERM. Raises FileNotFoundError when no complete version exists.
 
-    `grpc_port` 0 serves REST only. `label_source` returns the version labels (label ->
-    version); it is asked at start and at every poll, and a failure keeps the labels it gave
-    last. `access_log` turns on one log line per request.
+    `grpc_port` 0 serves REST only. `version_labels` are the configured labels (label ->
+    version; a gRPC HandleReloadConfigRequest replaces them). `label_source` returns more
+    labels (the MLflow alias); it is asked at start and at every poll, a failure keeps the
+    labels it gave last, and a configured label of the same name wins. `grpc_max_message_bytes`
+    bounds gRPC requests and answers (TF Serving's 2 GiB - 1 by default). `access_log` turns on
+    one log line per request.
     """
-    models = VersionedModels(serving_dir, model_name=model_name, serve_versions=serve_versions)
+    models = VersionedModels(
+        serving_dir,
+        model_name=model_name,
+        policy=VersionPolicy("latest", num_versions=serve_versions),
+        labels=version_labels,
+    )
 
     def current_labels() -> dict[str, int] | None:
         if label_source is None:
@@ -440,11 +478,11 @@ def run_server(
     async def serve() -> None:
         import grpc
 
-        from serving.grpc_service import add_services
+        from serving.grpc_service import add_services, server_options
 
         grpc_server = None
         if grpc_port:
-            grpc_server = grpc.aio.server()
+            grpc_server = grpc.aio.server(options=server_options(grpc_max_message_bytes))
             add_services(grpc_server, dispatch=dispatch, models=models)
             if grpc_server.add_insecure_port(f"{host}:{grpc_port}") == 0:
                 raise OSError(f"cannot listen for gRPC on {host}:{grpc_port}")

@@ -12,7 +12,8 @@ raw features, and three signatures:
   ``tf.Example`` (``inputs``) -> ``classes`` string ``[None, num_classes]`` (every class name)
   and ``scores`` float32 ``[None, num_classes]`` (their probabilities).
 - ``predict_raw``: one named tensor ``[None]`` per raw feature (for JSON requests) -> the same
-  outputs. Every feature must be sent. Its inputs are named exactly as the columns are (``a b``,
+  outputs. Every feature must be sent; a missing value is ``NaN`` (numbers) or ``""`` (text and
+  categories), which the model reads as the CSV's empty cell. Its inputs are named exactly as the columns are (``a b``,
   ``od280/od315``, ``温度``): TensorFlow only saves signature arguments named like graph nodes and
   Python parameters, so the function is traced with each column's internal name
   (`fullthrottle.core.features.internal_name`) and the SignatureDef's input keys (what TF Serving
@@ -29,6 +30,15 @@ raw features, and three signatures:
   TFLite export converts, because the Transform graph's string ops (``StringToHashBucketFast``,
   ``SparseToDense``) need the Flex delegate, which TFLite interpreters usually lack.
 
+A numeric column (``data.numeric``) is a number, whatever its training sample held: its
+``predict_raw`` input is float32, and the signatures that read ``tf.Example`` take its value as a
+``float_list`` or an ``int64_list`` alike (``215`` and ``215.0``; TF Serving's JSON makes the
+first an ``int64_list``). They read it with ``tf.io.decode_proto`` (`parse_raw_examples`), since
+``tf.io.parse_example`` refuses the other kind. Should the Transform read the column as int64
+(TFRecord data with ``int64_list`` values), a whole number is converted and a fractional one
+refused, naming the column. Other columns keep the schema's type (an integer category stays
+int64).
+
 The model runs in float32 whatever precision it was trained in (mixed-float16 SavedModels are
 slow on CPU servers); the trainer hands over a float32 copy.
 """
@@ -36,6 +46,7 @@ slow on CPU servers); the trainer hands over a float32 copy.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -81,11 +92,17 @@ class ServingModule(tf.Module):
         tft_output: tft.TFTransformOutput,
         label: str,
         features: Sequence[str] | None = None,
+        numeric: Sequence[str] = (),
     ) -> None:
         super().__init__(name="fullthrottle_serving")
         self.model = model
         self.tft_layer = tft_output.transform_features_layer()
         self._raw_spec = raw_serving_spec(tft_output, label, features)
+        # The numeric columns `predict_raw` takes as float32 and tf.Examples may carry as either
+        # number kind.
+        self._numeric = tuple(
+            name for name in numeric if _is_number_feature(self._raw_spec.get(name))
+        )
         self._full_raw_spec = dict(tft_output.raw_feature_spec())
         transformed_label = transformed_name(label)
         self._transformed_spec = {
@@ -117,6 +134,12 @@ class ServingModule(tf.Module):
         """The columns `predict_raw` takes, as the user named them."""
         return tuple(sorted(self._raw_spec))
 
+    def parse_raw_examples(self, serialized: tf.Tensor) -> dict[str, Any]:
+        """The raw features of serialized tf.Examples, as `tf.io.parse_example` gives them for
+        the raw spec, numeric columns read from either number kind. For every signature that
+        takes tf.Examples."""
+        return parse_raw_examples(serialized, self._raw_spec, numeric=self._numeric)
+
     def _predict(self, raw_features: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         transformed = self.tft_layer(dict(raw_features))
         probabilities = tf.cast(self.model(transformed, training=False), tf.float32)
@@ -129,7 +152,7 @@ class ServingModule(tf.Module):
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])
         def serve_examples(examples: tf.Tensor) -> dict[str, tf.Tensor]:
-            return self._predict(tf.io.parse_example(examples, raw_spec))
+            return self._predict(self.parse_raw_examples(examples))
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])
         def transform_features(examples: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -137,12 +160,15 @@ class ServingModule(tf.Module):
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
         def classification(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
-            scores = self._predict(tf.io.parse_example(inputs, raw_spec))["probabilities"]
+            scores = self._predict(self.parse_raw_examples(inputs))["probabilities"]
             classes = tf.tile(self.class_names[tf.newaxis, :], [tf.shape(scores)[0], 1])
             return {"classes": classes, "scores": scores}
 
+        numeric = self._numeric
         raw_signature = {
-            name: tf.TensorSpec([None], feature.dtype, name=internal_name(name))
+            name: tf.TensorSpec(
+                [None], tf.float32 if name in numeric else feature.dtype, name=internal_name(name)
+            )
             for name, feature in raw_spec.items()
         }
 
@@ -249,21 +275,222 @@ def _is_nan(value: object) -> bool:
 def _to_parsed_form(
     features: Mapping[str, tf.Tensor], spec: Mapping[str, object]
 ) -> dict[str, tf.Tensor]:
-    """Shapes named [None] tensors the way `tf.io.parse_example` would have for `spec`."""
+    """Shapes named [None] tensors the way `tf.io.parse_example` would have for `spec`.
+
+    A missing value (NaN in a float tensor, "" in a string one) is left out, as a CSV's empty
+    cell is left out of its tf.Example; a feature the spec requires is then refused with
+    `tf.io.parse_example`'s words. A float sent for an int64 feature must be a whole number.
+    """
     parsed = {}
     for name, feature in spec.items():
         value = features[name]
-        if isinstance(feature, tf.io.VarLenFeature):
-            batch = tf.shape(value, out_type=tf.int64)[0]
-            indices = tf.stack([tf.range(batch), tf.zeros([batch], tf.int64)], axis=1)
-            parsed[name] = tf.SparseTensor(
-                indices, value, tf.stack([batch, tf.constant(1, tf.int64)])
-            )
-        elif isinstance(feature, tf.io.FixedLenFeature) and len(feature.shape) == 1:
-            parsed[name] = tf.reshape(value, [-1, feature.shape[0]])
-        else:
+        if not _is_scalar_feature(feature):
             parsed[name] = value
+            continue
+        batch = tf.shape(value, out_type=tf.int64)[0]
+        rows = tf.range(batch)
+        if value.dtype.is_floating:
+            present = tf.logical_not(tf.math.is_nan(value))
+        elif value.dtype == tf.string:
+            present = tf.not_equal(value, "")
+        else:
+            present = tf.ones([batch], tf.bool)
+        value = _as_feature_dtype(value, feature.dtype, name)
+        parsed[name] = _from_present_values(
+            name,
+            feature,
+            rows=tf.boolean_mask(rows, present),
+            values=tf.boolean_mask(value, present),
+            batch=batch,
+        )
     return parsed
+
+
+def _type_name(dtype: tf.DType) -> str:
+    """TensorFlow's DataTypeString, as parse_example's messages write it ("float", "int64")."""
+    from tensorflow.core.framework import types_pb2
+
+    return types_pb2.DataType.Name(dtype.as_datatype_enum).removeprefix("DT_").lower()
+
+
+def _is_scalar_feature(feature: object) -> bool:
+    """A VarLenFeature, or a FixedLenFeature of one value per example."""
+    if isinstance(feature, tf.io.VarLenFeature):
+        return True
+    return isinstance(feature, tf.io.FixedLenFeature) and list(feature.shape) in ([], [1])
+
+
+def _is_number_feature(feature: object) -> bool:
+    return _is_scalar_feature(feature) and (
+        feature.dtype.is_floating or feature.dtype.is_integer  # type: ignore[union-attr]
+    )
+
+
+def _as_feature_dtype(values: tf.Tensor, dtype: tf.DType, name: str) -> tf.Tensor:
+    """`values` as the feature's dtype: a float for an int64 feature must be a whole number."""
+    if values.dtype == dtype:
+        return values
+    if values.dtype.is_floating and dtype.is_integer:
+        finite = tf.boolean_mask(values, tf.logical_not(tf.math.is_nan(values)))
+        whole = tf.reduce_all(tf.equal(finite, tf.round(finite)))
+        check = tf.debugging.Assert(
+            whole,
+            [
+                f"Feature: {name} takes whole numbers here (the model reads it as int64, as its "
+                "training data held int64 values); send an integer"
+            ],
+        )
+        with tf.control_dependencies([check]):
+            return tf.cast(values, dtype)
+    return tf.cast(values, dtype)
+
+
+def _from_present_values(
+    name: str, feature: object, *, rows: tf.Tensor, values: tf.Tensor, batch: tf.Tensor
+) -> Any:
+    """The parsed form of a feature from its present values and the rows they belong to
+    (rows ascending): a SparseTensor for a VarLenFeature, a dense tensor for a
+    FixedLenFeature (its default where a row has no value; refused where it has none)."""
+    if isinstance(feature, tf.io.VarLenFeature):
+        counts = tf.math.unsorted_segment_sum(tf.ones_like(rows), rows, num_segments=batch)
+        positions = tf.range(tf.size(rows, out_type=tf.int64)) - tf.gather(
+            tf.cumsum(counts, exclusive=True), rows
+        )
+        width = tf.maximum(tf.reduce_max(tf.concat([counts, [0]], 0)), 0)
+        return tf.SparseTensor(
+            tf.stack([rows, positions], axis=1), values, tf.stack([batch, width])
+        )
+    # FixedLenFeature of shape [] or [1]: one value per row.
+    present = tf.scatter_nd(
+        tf.expand_dims(rows, 1), tf.ones_like(rows, dtype=tf.bool), tf.expand_dims(batch, 0)
+    )
+    filled = tf.scatter_nd(tf.expand_dims(rows, 1), values, tf.expand_dims(batch, 0))
+    if feature.default_value is None:
+        check = tf.debugging.Assert(
+            tf.reduce_all(present),
+            [
+                f"Feature: {name} (data type: {_type_name(feature.dtype)}) is required but could not be found."
+            ],
+        )
+        with tf.control_dependencies([check]):
+            filled = tf.identity(filled)
+    else:
+        default = tf.reshape(tf.constant(feature.default_value, feature.dtype), [-1])[0]
+        filled = tf.where(present, filled, default)
+    return tf.reshape(filled, [-1, *feature.shape])
+
+
+def parse_raw_examples(
+    serialized: tf.Tensor, spec: Mapping[str, object], *, numeric: Sequence[str]
+) -> dict[str, Any]:
+    """`tf.io.parse_example(serialized, spec)`, except that the `numeric` features may hold a
+    float_list or an int64_list in any example (see the module docstring)."""
+    numeric = [name for name in numeric if name in spec]
+    others = {name: feature for name, feature in spec.items() if name not in numeric}
+    parsed = dict(tf.io.parse_example(serialized, others)) if others else {}
+    if not numeric:
+        return parsed
+    batch = tf.shape(serialized, out_type=tf.int64)[0]
+    entries_rows, keys, values = _feature_entries(serialized)
+    for name in numeric:
+        feature = spec[name]
+        mine = _last_of_each_row(tf.equal(keys, name), entries_rows, batch)
+        rows, numbers = _numbers_of(
+            tf.boolean_mask(values, mine),
+            tf.boolean_mask(entries_rows, mine),
+            dtype=feature.dtype,
+            name=name,
+        )
+        parsed[name] = _from_present_values(name, feature, rows=rows, values=numbers, batch=batch)
+    return parsed
+
+
+def _last_of_each_row(mine: tf.Tensor, rows: tf.Tensor, batch: tf.Tensor) -> tf.Tensor:
+    """`mine` kept only at each row's last entry: a feature named twice in one serialized
+    tf.Example (a context merged with an example, as TF Serving joins them) is the last one,
+    as protobuf merges map entries and `tf.io.parse_example` reads them."""
+    index = tf.range(tf.size(rows, out_type=tf.int64))
+    marked = tf.where(mine, index, -1)
+    last = tf.math.unsorted_segment_max(marked, rows, num_segments=batch)
+    return tf.logical_and(mine, tf.equal(index, tf.gather(last, rows)))
+
+
+def _decoded(serialized: tf.Tensor, message: str, fields: list[str], types: list) -> Any:
+    """`tf.io.decode_proto` with TensorFlow's own descriptors (tf.Example is built in), on
+    any number of messages: the op refuses an empty batch, so one empty message is decoded
+    along and dropped."""
+    sizes, values = tf.io.decode_proto(
+        tf.concat([serialized, [b""]], axis=0),
+        message,
+        fields,
+        types,
+        descriptor_source="local://",
+    )
+    return sizes[:-1], [value[:-1] for value in values]
+
+
+def _feature_entries(serialized: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Every (example row, feature name, serialized Feature) of a batch of tf.Examples."""
+    # A tf.Example is one field, `features` (number 1). A serialized example may carry it more
+    # than once (a context and an example concatenated, as TF Serving merges them), and
+    # decode_proto keeps only the last occurrence of a singular field. BytesList's `value` is
+    # field 1 too, repeated: decoded as a BytesList, an Example gives every occurrence, and
+    # their concatenation is the one merged Features message.
+    _, (parts,) = _decoded(serialized, "tensorflow.BytesList", ["value"], [tf.string])
+    features = tf.strings.reduce_join(parts, axis=1)
+    sizes, (entries,) = _decoded(features, "tensorflow.Features", ["feature"], [tf.string])
+    ragged = tf.RaggedTensor.from_tensor(entries, lengths=sizes[:, 0])
+    _, (keys, values) = _decoded(
+        ragged.flat_values,
+        "tensorflow.Features.FeatureEntry",
+        ["key", "value"],
+        [tf.string, tf.string],
+    )
+    return ragged.value_rowids(), _first(keys), _first(values)
+
+
+def _numbers_of(
+    values: tf.Tensor, rows: tf.Tensor, *, dtype: tf.DType, name: str
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """(row of each number, the numbers as `dtype`) of serialized Features that hold a
+    float_list or an int64_list; a bytes_list is refused with `tf.io.parse_example`'s words."""
+    _, (float_lists, int_lists, byte_lists) = _decoded(
+        values,
+        "tensorflow.Feature",
+        ["float_list", "int64_list", "bytes_list"],
+        [tf.string, tf.string, tf.string],
+    )
+    no_bytes = tf.debugging.Assert(
+        tf.reduce_all(tf.equal(_first(byte_lists), "")),
+        [
+            f"Key: {name}. Data types do not match. Data type: string but expected type: "
+            f"{_type_name(dtype)} (a number: a float_list or an int64_list)"
+        ],
+    )
+    float_counts, (floats,) = _decoded(
+        _first(float_lists), "tensorflow.FloatList", ["value"], [tf.float32]
+    )
+    int_counts, (ints,) = _decoded(_first(int_lists), "tensorflow.Int64List", ["value"], [tf.int64])
+    with tf.control_dependencies([no_bytes]):
+        floats = tf.RaggedTensor.from_tensor(floats, lengths=float_counts[:, 0])
+    ints = tf.RaggedTensor.from_tensor(ints, lengths=int_counts[:, 0])
+    # A Feature holds one kind: per entry at most one of the two lists has values.
+    as_dtype = tf.concat(
+        [
+            tf.RaggedTensor.from_row_splits(
+                _as_feature_dtype(floats.flat_values, dtype, name), floats.row_splits
+            ),
+            tf.RaggedTensor.from_row_splits(tf.cast(ints.flat_values, dtype), ints.row_splits),
+        ],
+        axis=1,
+    )
+    return tf.gather(rows, as_dtype.value_rowids()), as_dtype.flat_values
+
+
+def _first(field: tf.Tensor) -> tf.Tensor:
+    """The single value of an optional message field decoded by `decode_proto` (b"" if unset)."""
+    width = tf.shape(field)[1]
+    return tf.reshape(tf.pad(field, [[0, 0], [0, 1 - width]]), [-1])
 
 
 def export_serving_model(
@@ -273,9 +500,13 @@ def export_serving_model(
     label: str,
     export_dir: str,
     features: Sequence[str] | None = None,
+    numeric: Sequence[str] = (),
 ) -> None:
-    """Writes the SavedModel with all signatures to `export_dir` (which must not exist yet)."""
-    module = ServingModule(model, tft_output, label, features)
+    """Writes the SavedModel with all signatures to `export_dir` (which must not exist yet).
+
+    `numeric` names the data spec's numeric columns: numbers in every signature (see the
+    module docstring)."""
+    module = ServingModule(model, tft_output, label, features, numeric)
     tf.saved_model.save(module, export_dir, signatures=module.signatures())
     renamed = {
         internal_name(column): column

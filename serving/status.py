@@ -82,6 +82,9 @@ def _op_error_text(message: str) -> str:
     "Feature: island (data type: string) is required but could not be found.").
     """
     node = re.search(r"\[\[\{\{node ([^}]+)\}\}\]\]", message)
+    asserted = re.search(r"assertion failed: \[(.*?)\]", message)
+    if asserted:  # the serving signatures' own checks (tf.debugging.Assert): their message only
+        return asserted.group(1)
     lines = [
         line.strip()
         for line in message.splitlines()

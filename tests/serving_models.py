@@ -9,7 +9,10 @@
 - ``regress_x`` (regress): serialized tf.Example ``inputs`` with float feature ``x`` ->
   ``outputs`` = x * scale;
 - ``classify_x`` (classify): the same input -> ``classes`` ["neg", "pos"] and ``scores``
-  (sigmoid(x * scale) for "pos").
+  (sigmoid(x * scale) for "pos");
+- ``dtypes`` (predict): ``x`` float32 ``[None]`` -> x as each dtype TF Serving writes to its own
+  TensorProto field (``f32``, ``f64``, ``f16``, ``bf16``, ``i8``, ``i32``, ``i64``, ``u8``,
+  ``u32``, ``u64``, ``flag`` bool, ``text`` string) and ``pair`` float32 ``[None, 2]``.
 
 Two versions written with different `scale` answer differently, which the version and label
 tests rely on.
@@ -60,6 +63,17 @@ def write_contract_model(folder: Path, *, scale: float) -> Path:
         classes = tf.tile(tf.constant([["neg", "pos"]]), [tf.shape(x)[0], 1])
         return {"classes": classes, "scores": scores}
 
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32, name="x")])
+    def dtypes(x):
+        casts = {"f32": tf.float32, "f64": tf.float64, "f16": tf.float16, "bf16": tf.bfloat16}
+        casts |= {"i8": tf.int8, "i32": tf.int32, "i64": tf.int64, "u8": tf.uint8}
+        casts |= {"u32": tf.uint32, "u64": tf.uint64}
+        outputs = {name: tf.cast(x, dtype) for name, dtype in casts.items()}
+        outputs["flag"] = x > 0
+        outputs["text"] = tf.strings.as_string(x)
+        outputs["pair"] = tf.stack([x, -x], axis=1)
+        return outputs
+
     folder.mkdir(parents=True, exist_ok=True)
     tf.saved_model.save(
         module,
@@ -69,6 +83,7 @@ def write_contract_model(folder: Path, *, scale: float) -> Path:
             "half": half.get_concrete_function(),
             "regress_x": regress_x.get_concrete_function(),
             "classify_x": classify_x.get_concrete_function(),
+            "dtypes": dtypes.get_concrete_function(),
         },
     )
     set_signature_methods(str(folder), {"regress_x": REGRESS_METHOD, "classify_x": CLASSIFY_METHOD})

@@ -27,6 +27,24 @@ def test_bundled_penguins_are_staged_with_missing_values_emptied(tmp_path):
     staged = (config.staged_data_dir / STAGED_CSV).read_text()
     assert "NA" not in staged.split("\n", 1)[1].split(",")  # no NA cell survives
     assert ",," in staged or ",\n" in staged  # missing values are now empty cells
+    # Numeric columns as decimals, whole numbers too (CsvExampleGen then reads them as FLOAT);
+    # a column that is not numeric (year) as it was.
+    first = staged.splitlines()[1]
+    assert first == "Adelie,Torgersen,39.1,18.7,181.0,3750.0,male,2007", first
+
+
+def test_a_schema_typing_a_numeric_column_int_is_refused_before_the_run(tmp_path):
+    types = {"species": "BYTES", "island": "BYTES", "bill_length_mm": "FLOAT",
+             "bill_depth_mm": "FLOAT", "flipper_length_mm": "FLOAT", "body_mass_g": "INT",
+             "sex": "BYTES"}  # fmt: skip
+    schema = tmp_path / "schema.pbtxt"
+    schema.write_text("".join(f'feature {{ name: "{n}" type: {t} }}\n' for n, t in types.items()))
+    config = load_config(overrides=[f"output_dir={tmp_path / 'out'}", f"data.schema_path={schema}"])
+    with pytest.raises(DataError) as refused:
+        prepare_data(config)
+    message = " ".join(str(refused.value).split())
+    assert "'body_mass_g' as INT" in message
+    assert "change their `type: INT` to `type: FLOAT`" in message
 
 
 def test_unchanged_input_keeps_the_staged_file_untouched(tmp_path):

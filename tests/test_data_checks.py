@@ -140,9 +140,10 @@ def test_staging_applies_the_notation_and_merges_labels(tmp_path):
     )
     prepare_data(config)
     staged = (config.staged_data_dir / STAGED_CSV).read_text().splitlines()
-    assert staged[1] == "Adelie,Torgersen,39.1,18.7,181,3750.5,male,2007"
-    assert staged[2] == "Adelie,Dream,39.5,17.4,186,3800,female,2007"
-    assert staged[3] == "Gentoo,Biscoe,46.1,13.2,211,4500,female,2007"
+    # Plain decimals; whole numbers of numeric columns with ".0" (read as FLOAT downstream).
+    assert staged[1] == "Adelie,Torgersen,39.1,18.7,181.0,3750.5,male,2007"
+    assert staged[2] == "Adelie,Dream,39.5,17.4,186.0,3800.0,female,2007"
+    assert staged[3] == "Gentoo,Biscoe,46.1,13.2,211.0,4500.0,female,2007"
 
 
 def test_the_gate_reads_headers_as_csvexamplegen_splits_them(tmp_path):

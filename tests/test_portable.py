@@ -33,12 +33,17 @@ from tests.helpers import REPO, last_run
 
 pytestmark = [pytest.mark.slow, pytest.mark.external]
 
+# JSON as clients write it: whole numbers as integers (215) or with a point (215.0), a missing
+# value as null.
 ROWS = [
     {"bill_length_mm": 39.1, "bill_depth_mm": 18.7, "flipper_length_mm": 181, "body_mass_g": 3750,
      "island": "Torgersen", "sex": "male"},
     {"bill_length_mm": 46.5, "bill_depth_mm": 15.0, "flipper_length_mm": 220, "body_mass_g": 5200,
      "island": "Biscoe", "sex": "female"},
+    {"bill_length_mm": 50.0, "bill_depth_mm": 15.2, "flipper_length_mm": 215.0,
+     "body_mass_g": 5700.0, "island": "Biscoe", "sex": None},
 ]  # fmt: skip
+CSV_ROWS = 20  # the first rows of the bundled penguins.csv, missing cells included
 LOAD = """
 import json, sys
 import pandas as pd
@@ -50,7 +55,11 @@ except ModuleNotFoundError:
     found = False
 model = mlflow.pyfunc.load_model(sys.argv[1])
 answer = model.predict(pd.DataFrame(json.loads(sys.argv[2])))
-print(json.dumps({"fullthrottle_importable": found, "answer": answer.to_dict(orient="list")},
+# The most common call there is: a CSV as pandas reads it (a column with a missing cell is
+# float64, the missing cell NaN), the label and an unused column still in it.
+from_csv = model.predict(pd.read_csv(sys.argv[3]))
+print(json.dumps({"fullthrottle_importable": found, "answer": answer.to_dict(orient="list"),
+                  "from_csv": from_csv.to_dict(orient="list")},
                  default=lambda value: value.tolist()))
 """
 
@@ -196,10 +205,12 @@ def portable(penguins_run, tmp_path_factory) -> Portable:
         seconds=seconds,
     )
     (root / "load.py").write_text(LOAD)
+    csv_file = root / "penguins_head.csv"
+    csv_file.write_text(_bundled_head(CSV_ROWS))
     step = time.monotonic()
     portable.load = json.loads(
-        _run(venv / "bin" / "python", root / "load.py", model_dir, json.dumps(ROWS), env=env,
-             cwd=root).strip().splitlines()[-1]
+        _run(venv / "bin" / "python", root / "load.py", model_dir, json.dumps(ROWS), csv_file,
+             env=env, cwd=root).strip().splitlines()[-1]
     )  # fmt: skip
     portable.served, portable.serve_listening = _serve(venv, model_dir, env, root)
     seconds["load and serve"] = time.monotonic() - step
@@ -217,7 +228,15 @@ def portable(penguins_run, tmp_path_factory) -> Portable:
     return portable
 
 
+def _bundled_head(rows: int) -> str:
+    from fullthrottle.core.bundled import bundled_path
+    from fullthrottle.core.config import BUNDLED_PENGUINS
+
+    return "\n".join(bundled_path(BUNDLED_PENGUINS).read_text().splitlines()[: rows + 1]) + "\n"
+
+
 def _direct(pushed_dir: str):
+    """The pushed SavedModel's predict_raw on ROWS: numbers as float32, a missing text as ""."""
     import tensorflow as tf
 
     signature = tf.saved_model.load(pushed_dir).signatures["predict_raw"]
@@ -225,7 +244,7 @@ def _direct(pushed_dir: str):
     return signature(
         **{
             name: tf.constant(
-                [row[name] for row in ROWS],
+                [("" if row[name] is None else row[name]) for row in ROWS],
                 dtype=spec.dtype,
             )
             for name, spec in specs.items()
@@ -249,6 +268,26 @@ def test_the_logged_model_loads_where_fullthrottle_is_not_installed(portable, pe
     np.testing.assert_allclose(answer["probabilities"], direct["probabilities"].numpy(), rtol=1e-6)
     np.testing.assert_allclose(
         answer["probability"], direct["probabilities"].numpy().max(axis=1), rtol=1e-6
+    )
+
+
+def test_pandas_read_csv_with_missing_cells_answers_as_csv_predict(portable, penguins_run):
+    """`model.predict(pd.read_csv(...))` in the fresh venv, missing cells included, gives the
+    classes and probabilities the served model gives the same CSV rows sent as tf.Examples
+    (what `fullthrottle predict --csv` sends: a missing cell left out)."""
+    import tensorflow as tf
+
+    from fullthrottle.commands.predict import csv_to_examples
+    from fullthrottle.core.config import load_config
+
+    examples, _ = csv_to_examples(_bundled_head(CSV_ROWS), load_config(None), source="csv")
+    pushed = tf.saved_model.load(last_run(penguins_run[0])["pushed_model_dir"])
+    direct = pushed.signatures["serving_default"](examples=tf.constant(examples))
+    from_csv = portable.load["from_csv"]
+    assert len(from_csv["class"]) == CSV_ROWS
+    assert from_csv["class"] == [c.decode() for c in direct["classes"].numpy()]
+    np.testing.assert_allclose(
+        from_csv["probabilities"], direct["probabilities"].numpy(), rtol=1e-5, atol=1e-7
     )
 
 

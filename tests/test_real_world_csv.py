@@ -181,8 +181,11 @@ def test_the_mlflow_model_takes_the_columns_as_written(user):
     features = set(load_config(user.config_path).data.feature_columns)
     schema = model.metadata.get_input_schema()
     assert set(schema.input_names()) == features
-    kinds = {c.name: c.type.name for c in schema.inputs}
-    cast = {"string": str, "long": int, "double": lambda cell: float(cell.replace(",", "."))}
+    # Numbers are typed "any" (pandas' int64 and float64 alike), listed as numeric_columns.
+    numeric = set(model.metadata.metadata["numeric_columns"])
+    assert numeric == set(load_config(user.config_path).data.numeric)
+    kinds = {c.name: "number" if c.name in numeric else c.type.name for c in schema.inputs}
+    cast = {"string": str, "long": int, "number": lambda cell: float(cell.replace(",", "."))}
     written = [r for r in user.records[::7] if complete(r)][:5]
     rows = pd.DataFrame([{name: cast[kinds[name]](r[name]) for name in features} for r in written])
     predicted = model.predict(rows)

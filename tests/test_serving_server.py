@@ -31,6 +31,14 @@ from tests.helpers import eval_split_examples, last_run, run_cli, strip_label
 
 pytestmark = pytest.mark.slow
 
+GRPC_LIMIT = 1_000_000
+# A penguin whose measurements are all whole numbers.
+WHOLE_PENGUIN = {
+    "island": "Biscoe", "bill_length_mm": 47.0, "bill_depth_mm": 15.0,
+    "flipper_length_mm": 215.0, "body_mass_g": 5000.0, "sex": "female",
+}  # fmt: skip
+NUMERIC = ("bill_length_mm", "bill_depth_mm", "flipper_length_mm", "body_mass_g")
+
 
 def _post(url: str, body: bytes | dict, *, headers: dict | None = None) -> tuple[int, dict, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -70,6 +78,9 @@ def served(penguins_run, tmp_path_factory):
         grpc_port=grpc_port,
         overrides=(
             "serving.max_request_bytes=200000",
+            # A gRPC limit of its own (TF Serving's default, 2 GiB, is checked on the contract
+            # model): a larger request gets RESOURCE_EXHAUSTED.
+            f"serving.grpc_max_message_bytes={GRPC_LIMIT}",
             "serving.poll_seconds=0.2",
             f"tracking.uri=sqlite:///{work / 'mlflow.db'}",
         ),
@@ -174,13 +185,26 @@ MALFORMED = {
             "instances": [{k: v for k, v in i.items() if k != "sex"}],
         },
         400,
-        "must only have keys",
+        "keys must be equal to",
+    ),
+    "a required feature sent empty": (
+        lambda i: {"signature_name": "predict_raw", "instances": [{**i, "island": ""}]},
+        400,
+        "Feature: island (data type: string) is required but could not be found.",
+    ),
+    "a number sent as text in a tf.Example": (
+        lambda i: {
+            "signature_name": "classification",
+            "examples": [{**i, "body_mass_g": "heavy"}],
+        },
+        400,
+        "Key: body_mass_g. Data types do not match. Data type: string but expected type: float",
     ),
     "empty instances": (lambda i: {"instances": []}, 400, "No values in 'instances' array"),
     "unknown signature": (
         lambda i: {"signature_name": "nope", "instances": [i]},
         400,
-        'Serving signature key "nope" not found.',
+        'Serving signature name: "nope" not found in signature def',
     ),
     "non-JSON body": (lambda i: b"{not json", 400, "JSON Parse error"),
     "body over the size limit": (
@@ -196,7 +220,8 @@ def test_malformed_request_gets_4xx_json_and_the_server_keeps_serving(served, ca
     make, status_expected, message = MALFORMED[case]
     instance = _one_raw_instance(served)
     body = make(instance)
-    status, reply, _ = _post(served["base"] + ":predict", body)
+    method = ":classify" if isinstance(body, dict) and "examples" in body else ":predict"
+    status, reply, _ = _post(served["base"] + method, body)
     assert status == status_expected, reply
     assert set(reply) == {"error"} and message.lower() in reply["error"].lower(), reply
     status, reply, _ = _post(
@@ -287,31 +312,41 @@ def test_the_server_announces_grpc_only_when_it_serves_it():
 
 
 def test_csv_cells_take_the_model_input_dtypes(served):
-    """int64 inputs get int64 values (3750.0 too), 3750.5 is refused naming line and column."""
+    """Numeric columns are numbers (float_list), whole or not; an integer input (here a column
+    typed "int", as an integer category would be) takes whole numbers only, naming line and
+    column."""
     from fullthrottle.commands.predict import DataError, csv_to_examples, raw_input_kinds
     from fullthrottle.core.config import load_config
 
     status, metadata = _get(served["base"] + "/metadata")
     assert status == 200, metadata
     kinds = raw_input_kinds(metadata)
-    assert kinds["body_mass_g"] == "int" and kinds["bill_length_mm"] == "float"
-    assert kinds["island"] == "bytes"
+    assert {kinds[name] for name in NUMERIC} == {"float"} and kinds["island"] == "bytes"
     config = load_config(None)
     header = "island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g,sex,year\n"
     examples, lines = csv_to_examples(
-        header + "Biscoe,50.0,15.2,218.0,5700,,2008\n", config, source="rows.csv", kinds=kinds
+        header + "Biscoe,50.0,15.2,218,5700.5,,2008\n", config, source="rows.csv", kinds=kinds
     )
     features = tf.train.Example.FromString(examples[0]).features.feature
-    assert list(features["body_mass_g"].int64_list.value) == [5700]
-    assert list(features["flipper_length_mm"].int64_list.value) == [218]
-    assert list(features["bill_length_mm"].float_list.value) == [50.0]
+    assert list(features["flipper_length_mm"].float_list.value) == [218.0]
+    assert list(features["body_mass_g"].float_list.value) == [5700.5]
     assert "sex" not in features and lines == [2]
-    with pytest.raises(DataError, match=r"rows.csv, line 2: column 'body_mass_g' takes whole"):
+    as_integer = {**kinds, "year": "int"}
+    examples, _ = csv_to_examples(
+        header + "Biscoe,50.0,15.2,218,5700,male,2008.0\n",
+        config,
+        source="rows.csv",
+        kinds=as_integer,
+    )
+    assert list(
+        tf.train.Example.FromString(examples[0]).features.feature["year"].int64_list.value
+    ) == [2008]
+    with pytest.raises(DataError, match=r"rows.csv, line 2: column 'year' takes whole"):
         csv_to_examples(
-            header + "Biscoe,50.0,15.2,218,5700.5,male,2008\n",
+            header + "Biscoe,50.0,15.2,218,5700,male,2008.5\n",
             config,
             source="rows.csv",
-            kinds=kinds,
+            kinds=as_integer,
         )
 
 
@@ -343,23 +378,37 @@ def test_metadata_route_describes_each_signature(served):
     assert probabilities["dtype"] == "DT_FLOAT"
     assert [d["size"] for d in probabilities["tensor_shape"]["dim"]] == ["-1", "3"]
     raw = signatures["predict_raw"]["inputs"]
-    assert raw["body_mass_g"]["dtype"] == "DT_INT64" and raw["island"]["dtype"] == "DT_STRING"
+    assert {raw[name]["dtype"] for name in NUMERIC} == {"DT_FLOAT"}
+    assert raw["island"]["dtype"] == "DT_STRING"
     assert _get(f"{served['base']}/versions/{version}/metadata") == (status, reply)
     assert _get(f"{served['base']}/versions/7/metadata")[0] == 404
 
 
-def test_int64_raw_input_takes_json_integers_only(served):
-    """As TF Serving: an int64 input takes a JSON integer; 3750.0 and 3750.5 are refused."""
-    instance = {**_one_raw_instance(served), "body_mass_g": 3750}
-    url = served["base"] + ":predict"
-    status, as_int, _ = _post(url, {"signature_name": "predict_raw", "instances": [instance]})
-    assert status == 200, as_int
-    for number in (3750.0, 3750.5):
-        refused = {**instance, "body_mass_g": number}
-        status, reply, _ = _post(url, {"signature_name": "predict_raw", "instances": [refused]})
-        assert status == 400, reply
-        assert "key: body_mass_g" in reply["error"]
-        assert "is not of expected type: int64" in reply["error"], reply
+def test_every_numeric_feature_takes_215_and_215_0(served):
+    """JSON 215 and 215.0 are the same number for every numeric feature, in predict_raw (row and
+    columnar) and in :classify (where TF Serving makes 215 an int64_list, 215.0 a float_list)."""
+    whole = dict(WHOLE_PENGUIN)
+    as_integers = {**whole, **{name: int(whole[name]) for name in NUMERIC}}
+    answers = []
+    for row in (whole, as_integers):
+        status, reply, _ = _post(
+            served["base"] + ":predict", {"signature_name": "predict_raw", "instances": [row]}
+        )
+        assert status == 200, reply
+        answers.append(reply["predictions"][0]["probabilities"])
+        status, reply, _ = _post(
+            served["base"] + ":predict",
+            {"signature_name": "predict_raw", "inputs": {k: [v] for k, v in row.items()}},
+        )
+        assert status == 200, reply
+        answers.append(reply["outputs"]["probabilities"][0])
+        status, reply, _ = _post(
+            served["base"] + ":classify", {"signature_name": "classification", "examples": [row]}
+        )
+        assert status == 200, reply
+        answers.append([score for _, score in reply["results"][0]])
+    for answer in answers[1:]:
+        np.testing.assert_allclose(answer, answers[0], atol=1e-6)
 
 
 def test_classify_answers_the_models_probabilities(served):
@@ -469,6 +518,298 @@ def test_grpc_answers_as_rest(served):
         )
 
 
+def _predict_raw_request(rows: list[dict], *, version_label: str | None = None):
+    """A gRPC Predict of predict_raw as a TF Serving client writes it: typed TensorProtos."""
+    from tensorflow_serving.apis import predict_pb2
+
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "penguins"
+    request.model_spec.signature_name = "predict_raw"
+    if version_label:
+        request.model_spec.version_label = version_label
+    for name in rows[0]:
+        values = [row[name] for row in rows]
+        if name in NUMERIC:
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.float32))
+        else:
+            request.inputs[name].CopyFrom(tf.make_tensor_proto(values, dtype=tf.string))
+    return request
+
+
+def _argmax_classes(response, class_names: list[str]) -> list[str]:
+    """TF Serving's example clients: the scores from float_val, shaped by tensor_shape."""
+    scores = response.outputs["probabilities"]
+    rows, width = (d.size for d in scores.tensor_shape.dim)
+    values = np.array(scores.float_val).reshape(rows, width)
+    return [class_names[int(np.argmax(row))] for row in values]
+
+
+def _class_names(served) -> list[str]:
+    status, reply, _ = _post(
+        served["base"] + ":classify",
+        {"signature_name": "classification", "examples": [WHOLE_PENGUIN]},
+    )
+    assert status == 200, reply
+    return [label for label, _ in reply["results"][0]]
+
+
+def test_grpc_client_reads_float_val_and_string_val(served):
+    """As TF Serving's example clients read answers: float_val, string_val, tensor_shape; no
+    tensor_content."""
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    rows = [WHOLE_PENGUIN, {**WHOLE_PENGUIN, "island": "Torgersen", "bill_depth_mm": 19.0}]
+    with grpc.insecure_channel(served["grpc"]) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        response = stub.Predict(_predict_raw_request(rows), timeout=60)
+    probabilities = response.outputs["probabilities"]
+    assert probabilities.tensor_content == b"" and len(probabilities.float_val) == 6
+    assert [d.size for d in probabilities.tensor_shape.dim] == [2, 3]
+    classes = [c.decode() for c in response.outputs["classes"].string_val]
+    assert _argmax_classes(response, _class_names(served)) == classes
+    status, rest, _ = _post(
+        served["base"] + ":predict", {"signature_name": "predict_raw", "instances": rows}
+    )
+    assert status == 200 and [p["classes"] for p in rest["predictions"]] == classes
+
+
+def test_async_grpc_client_counting_callbacks_finishes(served):
+    """TF Serving's mnist_client pattern: futures whose done-callbacks count answers and read
+    float_val; the client waits until every callback has come. An empty float_val (the answer
+    in tensor_content) would make each callback fail and the count never finish."""
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    concurrency, total = 4, 24
+    class_names = _class_names(served)
+    done = threading.Condition()
+    state = {"done": 0, "active": 0, "classes": [], "errors": []}
+
+    def callback(future) -> None:
+        try:
+            if future.exception():
+                state["errors"].append(str(future.exception()))
+            else:
+                response = future.result()
+                scores = np.array(response.outputs["probabilities"].float_val)
+                state["classes"].append(class_names[int(np.argmax(scores))])
+        finally:
+            with done:
+                state["done"] += 1
+                state["active"] -= 1
+                done.notify_all()
+
+    with grpc.insecure_channel(served["grpc"]) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for _ in range(total):
+            with done:
+                while state["active"] >= concurrency:
+                    assert done.wait(timeout=60), "a callback never came"
+                state["active"] += 1
+            future = stub.Predict.future(_predict_raw_request([WHOLE_PENGUIN]), 60.0)
+            future.add_done_callback(callback)
+        with done:
+            while state["done"] < total:
+                assert done.wait(timeout=60), f"{state['done']} of {total} callbacks came"
+    assert state["errors"] == []
+    assert len(state["classes"]) == total and len(set(state["classes"])) == 1
+
+
+def test_metadata_parses_strictly_into_signature_def_map(served):
+    from google.protobuf import json_format
+    from tensorflow_serving.apis import get_model_metadata_pb2
+
+    status, reply = _get(served["base"] + "/metadata")
+    assert status == 200, reply
+    signature_map = json_format.ParseDict(
+        reply["metadata"]["signature_def"], get_model_metadata_pb2.SignatureDefMap()
+    )
+    raw = signature_map.signature_def["predict_raw"]
+    assert {name: raw.inputs[name].dtype for name in NUMERIC} == dict.fromkeys(NUMERIC, 1)
+    assert signature_map.signature_def["classification"].method_name == (
+        "tensorflow/serving/classify"
+    )
+
+
+def test_classify_takes_a_float_list_for_a_whole_number_column(served):
+    """A tf.Example written with float_list for flipper_length_mm and body_mass_g (whole numbers
+    in the bundled CSV) is classified, over gRPC and REST alike, as with an int64_list."""
+    import grpc
+    from tensorflow_serving.apis import classification_pb2, prediction_service_pb2_grpc
+
+    def example(number_kind: str):
+        features = {}
+        for name, value in WHOLE_PENGUIN.items():
+            if (
+                name in NUMERIC
+                and number_kind == "int64_list"
+                and name in ("flipper_length_mm", "body_mass_g")
+            ):
+                features[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+            elif name in NUMERIC:
+                features[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+            else:
+                features[name] = tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[value.encode()])
+                )
+        return tf.train.Example(features=tf.train.Features(feature=features))
+
+    scores = {}
+    with grpc.insecure_channel(served["grpc"]) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        for kind in ("float_list", "int64_list"):
+            request = classification_pb2.ClassificationRequest()
+            request.model_spec.name = "penguins"
+            request.model_spec.signature_name = "classification"
+            request.input.example_list.examples.append(example(kind))
+            result = stub.Classify(request, timeout=60).result
+            scores[kind] = [c.score for c in result.classifications[0].classes]
+    np.testing.assert_allclose(scores["float_list"], scores["int64_list"], atol=1e-6)
+    status, reply, _ = _post(
+        served["base"] + ":predict",
+        {
+            "instances": [
+                {"b64": base64.b64encode(example("float_list").SerializeToString()).decode()}
+            ]
+        },
+    )
+    assert status == 200, reply
+    np.testing.assert_allclose(
+        reply["predictions"][0]["probabilities"], scores["float_list"], atol=1e-6
+    )
+
+
+def test_multi_inference_answers_as_tf_serving_on_a_model_without_regression(served):
+    import grpc
+    from tensorflow_serving.apis import (
+        classification_pb2,
+        inference_pb2,
+        prediction_service_pb2_grpc,
+    )
+
+    examples, _ = _rows(served["last"], limit=4)
+
+    def request(*tasks):
+        multi = inference_pb2.MultiInferenceRequest()
+        for signature, method in tasks:
+            task = multi.tasks.add()
+            task.model_spec.name = "penguins"
+            task.model_spec.signature_name = signature
+            task.method_name = f"tensorflow/serving/{method}"
+        for serialized in examples:
+            multi.input.example_list.examples.add().ParseFromString(serialized)
+        return multi
+
+    with grpc.insecure_channel(served["grpc"]) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        answer = stub.MultiInference(request(("classification", "classify")), timeout=60)
+        classify = classification_pb2.ClassificationRequest()
+        classify.model_spec.name = "penguins"
+        classify.model_spec.signature_name = "classification"
+        classify.input.CopyFrom(request().input)
+        assert answer.results[0].classification_result == stub.Classify(classify).result
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.MultiInference(
+                request(("classification", "classify"), ("regression", "regress")), timeout=60
+            )
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == "Requested signature not found in model graph: regression"
+        # The server answers a valid request afterwards.
+        assert stub.MultiInference(request(("classification", "classify")), timeout=60) == answer
+
+
+def test_grpc_message_limit_is_the_configured_one(served):
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    rows = [WHOLE_PENGUIN] * 40_000  # about 1.4 MB as TensorProtos
+    request = _predict_raw_request(rows)
+    assert request.ByteSize() > GRPC_LIMIT
+    with grpc.insecure_channel(served["grpc"]) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as refused:
+            stub.Predict(request, timeout=60)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        small = stub.Predict(_predict_raw_request(rows[:10]), timeout=60)
+        assert len(small.outputs["classes"].string_val) == 10
+
+
+def test_twenty_bundled_rows_get_the_same_class_everywhere(served, penguins_run, tmp_path):
+    """The first 20 rows of the bundled penguins.csv, missing cells included: CSV `predict`,
+    REST predict_raw with float numbers (row and columnar), gRPC float_val, :classify, and the
+    MLflow model on `pandas.read_csv` agree on every class."""
+    import mlflow.pyfunc
+    import pandas as pd
+
+    from fullthrottle.core.bundled import bundled_path
+    from fullthrottle.core.config import BUNDLED_PENGUINS
+    from fullthrottle.tracking.store import scoped_tracking_uri
+
+    lines = bundled_path(BUNDLED_PENGUINS).read_text().splitlines()[:21]
+    csv_file = tmp_path / "twenty.csv"
+    csv_file.write_text("\n".join(lines) + "\n")
+    frame = pd.read_csv(csv_file)  # NA cells -> NaN; columns with one float64
+    assert frame.isna().any(axis=1).sum() >= 2  # rows with missing cells are among them
+    features = frame.drop(columns=["species", "year"])
+    url = served["base"].split("/v1/")[0]
+    result = run_cli("predict", "--csv", str(csv_file), "--url", url, "--output", "json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    by_csv = [r["classes"] for r in json.loads(result.stdout)]
+    assert len(by_csv) == 20
+
+    def json_row(row) -> dict:
+        # A missing number is NaN and a missing text "" (the CSV's empty cell) in predict_raw.
+        return {
+            name: ("" if pd.isna(value) else value) if name not in NUMERIC else float(value)
+            for name, value in row.items()
+        }
+
+    rows = [json_row(row) for _, row in features.iterrows()]
+    status, reply, _ = _post(
+        served["base"] + ":predict", {"signature_name": "predict_raw", "instances": rows}
+    )
+    assert status == 200, reply
+    by_rest_rows = [p["classes"] for p in reply["predictions"]]
+    columns = {name: [row[name] for row in rows] for name in rows[0]}
+    status, reply, _ = _post(
+        served["base"] + ":predict", {"signature_name": "predict_raw", "inputs": columns}
+    )
+    assert status == 200, reply
+    by_rest_columns = reply["outputs"]["classes"]
+
+    import grpc
+    from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+    class_names = _class_names(served)
+    with grpc.insecure_channel(served["grpc"]) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        response = stub.Predict(_predict_raw_request(rows, version_label="champion"), timeout=60)
+    by_grpc = _argmax_classes(response, class_names)
+
+    examples = [
+        {name: value for name, value in row.items() if value == value and value != ""}
+        for row in rows
+    ]  # a missing cell is left out of the tf.Example, as CsvExampleGen leaves it out
+    status, reply, _ = _post(
+        served["base"] + ":classify", {"signature_name": "classification", "examples": examples}
+    )
+    assert status == 200, reply
+    by_classify = [max(row, key=lambda pair: pair[1])[0] for row in reply["results"]]
+
+    output_dir, _ = penguins_run
+    store = f"sqlite:///{output_dir / 'mlflow' / 'mlflow.db'}"
+    with scoped_tracking_uri(store):
+        model = mlflow.pyfunc.load_model("models:/penguins@champion", dst_path=str(tmp_path))
+    by_mlflow = list(model.predict(features)["class"])
+
+    assert by_rest_rows == by_csv
+    assert by_rest_columns == by_csv
+    assert by_grpc == by_csv
+    assert by_classify == by_csv
+    assert by_mlflow == by_csv
+
+
 def test_predict_command_over_grpc(served, tmp_path):
     csv_file = tmp_path / "rows.csv"
     csv_file.write_text(
@@ -558,3 +899,8 @@ def test_new_version_is_picked_up_without_a_failed_request(served):
     # two clients, a request the old version was still answering can arrive after a newer one.
     switched = min(done for _, done, version in timed if version == new)
     assert {version for sent, _, version in timed if sent > switched} == {new}
+    # Both in the status: the old one stays loaded while the `champion` label names it.
+    status, reply = _get(served["base"])
+    assert status == 200, reply
+    states = {int(v["version"]): v["state"] for v in reply["model_version_status"]}
+    assert states == {new: "AVAILABLE", old: "AVAILABLE"}

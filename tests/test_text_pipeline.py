@@ -44,6 +44,7 @@ def test_text_model_trains_through_the_pipeline_and_answers_raw_strings(tmp_path
     # Raw strings (English and Chinese) through the raw-feature signature.
     raw = model.signatures["predict_raw"]
     specs = raw.structured_input_signature[1]
+    assert specs["length_hint"].dtype == tf.float32
     messages = [
         "the team won the match with a late goal",
         "今天的面条非常好吃",
@@ -52,8 +53,8 @@ def test_text_model_trains_through_the_pipeline_and_answers_raw_strings(tmp_path
     inputs = {
         "message": tf.constant(messages),
         "language": tf.constant(["en", "zh", "en"]),
-        # The CSV column holds whole numbers, so ExampleGen inferred int64.
-        "length_hint": tf.cast(tf.constant([len(m) for m in messages]), specs["length_hint"].dtype),
+        # A numeric column is a number (float32) although the CSV holds whole numbers only.
+        "length_hint": tf.constant([float(len(m)) for m in messages]),
     }
     answer = raw(**inputs)
     probabilities = answer["probabilities"].numpy()

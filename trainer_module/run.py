@@ -112,6 +112,7 @@ def run_fn(fn_args: Any) -> None:
         label=spec.label,
         export_dir=fn_args.serving_model_dir,
         features=spec.feature_columns,
+        numeric=spec.numeric,
     )
     # TensorBoard logs (and a profile, if captured) belong to this execution's model_run artifact.
     for name in ("logs", "profile"):

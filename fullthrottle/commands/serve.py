@@ -148,6 +148,12 @@ def label_source(config: Config) -> Callable[[], dict[str, int]]:
     return labels
 
 
+def alias_labels(config: Config) -> Callable[[], dict[str, int]]:
+    """The MLflow alias as a label (none when the config registers no model)."""
+    from_alias = alias_reader(config)
+    return from_alias if from_alias is not None else dict
+
+
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     model_dir, model_name, host, port = serving_target(args, config)
@@ -189,7 +195,9 @@ def run(args: argparse.Namespace) -> int:
         max_request_bytes=config.serving.max_request_bytes,
         poll_seconds=config.serving.poll_seconds,
         serve_versions=config.serving.serve_versions,
-        label_source=label_source(config),
+        version_labels=config.serving.version_labels,
+        label_source=alias_labels(config),
+        grpc_max_message_bytes=config.serving.grpc_max_message_bytes,
         access_log=args.access_log,
     )
     return exit_status.SUCCESS

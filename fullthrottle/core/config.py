@@ -305,7 +305,10 @@ class ServingConfig:
     )
     rest_port: Annotated[int, _within(0, 65535), Field(description="a TCP port")] = 8501
     grpc_port: Annotated[int, _within(0, 65535), Field(description="a TCP port")] = 8500
-    max_request_bytes: PositiveInt = 4 * 1024 * 1024  # larger request bodies get a 413
+    max_request_bytes: PositiveInt = 4 * 1024 * 1024  # larger REST bodies get a 413
+    # gRPC requests and answers up to this size (RESOURCE_EXHAUSTED beyond): TF Serving's own
+    # limit, 2 GiB - 1 (its server sets gRPC's max message size to INT32_MAX).
+    grpc_max_message_bytes: Annotated[int, _within(1, 2**31 - 1)] = 2**31 - 1
     poll_seconds: PositiveFloat = 1.0  # how often `serve` looks for a new version folder
     # TF Serving batching (the deploy kit's batching.config); see serving/deploy/README section.
     max_batch_size: PositiveInt = 64

@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import io
 import os
+import re
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -228,18 +229,30 @@ def _check_cells(
         raise DataError(report(findings, source=source))
 
 
+_WHOLE_NUMBER = re.compile(r"\s*[+-]?\d+\s*")
+
+
 def _normalize_cells(spec: DataSpec, header: list[str], rows: list[list[str]]) -> None:
-    """Plain numbers in numeric columns (`data.decimal`, `data.thousands`), and near-duplicate
-    labels merged when `data.near_duplicate_labels` is "merge". Rewrites `rows` in place."""
-    if spec.decimal != "." or spec.thousands:
-        for column in spec.numeric:
-            index = header.index(column)
-            for row in rows:
-                cell = row[index]
-                if cell.strip():
-                    # _check_cells has read every present cell as a number.
-                    plain = normalize_number(cell, decimal=spec.decimal, thousands=spec.thousands)
-                    row[index] = cell if plain is None else plain
+    """Plain decimals in numeric columns, and near-duplicate labels merged when
+    `data.near_duplicate_labels` is "merge". Rewrites `rows` in place.
+
+    A numeric cell is written as a plain decimal (`data.decimal`, `data.thousands` applied), a
+    whole number with ".0": CsvExampleGen infers a column of whole numbers as INT, and the model
+    would then take only integers for a measurement that happened to be whole in the sample
+    ("215.0" refused where "215" is taken). Written this way every numeric column is FLOAT."""
+    for column in spec.numeric:
+        index = header.index(column)
+        for row in rows:
+            cell = row[index]
+            if not cell.strip():
+                continue
+            if spec.decimal != "." or spec.thousands:
+                # _check_cells has read every present cell as a number.
+                plain = normalize_number(cell, decimal=spec.decimal, thousands=spec.thousands)
+                cell = cell if plain is None else plain
+            if _WHOLE_NUMBER.fullmatch(cell):
+                cell = cell.strip() + ".0"
+            row[index] = cell
     if spec.near_duplicate_labels == "merge":
         index = header.index(spec.label)
         merges = inspect_labels(spec.label, (("", row[index]) for row in rows)).merges()
@@ -333,6 +346,16 @@ def _check_schema_file(spec: DataSpec) -> None:
     findings = type_findings(spec.numeric, types)
     if findings:
         raise DataError(report(findings, source=f"schema file {path} (`data.schema_path`)"))
+    whole = [c for c in spec.numeric if types.get(c) == "INT"]
+    if whole and spec.format == "csv":
+        raise DataError(
+            f"schema file {path} (config field `data.schema_path`) types the numeric column(s) "
+            f"{', '.join(map(repr, whole))} as INT, but `fullthrottle run` writes the cells of "
+            "`data.numeric` columns as decimals (a measurement is a number, whole or not), which "
+            "ExampleGen reads as FLOAT. In the schema, change their `type: INT` to `type: FLOAT` "
+            "and any `int_domain` to `float_domain` (or regenerate it with `fullthrottle schema`), "
+            "or list an integer id column under `data.categorical`."
+        )
 
 
 def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:

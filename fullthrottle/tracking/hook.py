@@ -3,7 +3,8 @@
 Owns the Trainer's nested MLflow run: derived params (replicas, global batch, precision policy,
 scaled learning rate), per-loop metrics with their step (``train/loss``, ``train/learning_rate``,
 ``train/examples_per_second``, ``train/input_wait_fraction``, ``train/loss_scale``,
-``train/step_time``), system metrics (CPU, memory, GPU when present), eval metrics at the end.
+``train/step_time``), system metrics (MLflow's own: CPU, memory, disk, network, GPU when
+present), eval metrics at the end.
 Runs on the chief only (the training library calls hooks there only).
 
 Where: the link (`store.TrainerLink`, from the Trainer's custom_config) names the destination, the
@@ -46,6 +47,7 @@ derived from inputs, transform graph, training config and code), never created t
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -73,7 +75,7 @@ from fullthrottle.tracking.names import (
     UNREADABLE_CHECKPOINTS_TAG,
     metric_name,
 )
-from fullthrottle.tracking.store import TrainerLink, bound_http_requests
+from fullthrottle.tracking.store import TrainerLink, bound_http_requests, scoped_tracking_uri
 from trainer_module.training import RunFacts, TrainingHook, hardware, metrics
 
 _log = logging.getLogger("fullthrottle.tracking")
@@ -89,9 +91,10 @@ def _now_ms() -> int:
 
 class CpuMeter:
     """CPU seconds that tracking itself spends, per part: the hook's work on the training thread
-    between loops ("hook"), the background sender's requests ("sender"), system-metric sampling
-    ("system"). Each part is added to by one thread only (thread CPU time, `time.thread_time`),
-    so no lock is needed. `span()` is what was spent between the first and the last loop's end,
+    between loops ("hook"), the background sender's requests ("sender"), and MLflow's
+    system-metrics thread ("system", read from that thread's CPU clock at each loop's end). Each
+    part is added to by one thread only (thread CPU time, `time.thread_time`), so no lock is
+    needed. `span()` is what was spent between the first and the last loop's end,
     the window the benchmark's examples/s cover.
 
     The hook's wall time is kept too ("hook_wall"): training waits for the hook whatever it does,
@@ -262,86 +265,53 @@ def _is_point(record: dict[str, Any]) -> bool:
     return record.get("kind", "point") == "point"  # journals before loop records: all points
 
 
-class SystemSampler:
-    """CPU, memory (and GPU when MLflow's GPU monitor finds one) every `interval` seconds, using
-    MLflow's own system-metric monitors (psutil, pynvml), sent through our batching sender.
-    The step is the training step at sampling time, so the curves line up with the loss."""
+class SystemMetrics:
+    """CPU, memory, disk, network (and GPU when an NVIDIA driver answers) of the Trainer's
+    machine, sampled by MLflow's own system-metrics logging every `interval` seconds into the
+    Trainer run, started through MLflow's public API (`mlflow.start_run(...,
+    log_system_metrics=True)` on the existing run, `mlflow.set_system_metrics_sampling_interval`)
+    and ended with `mlflow.end_run`. Its points carry MLflow's own sample count as their step
+    (MLflow numbers them itself), not the training step."""
 
-    def __init__(
-        self,
-        *,
-        sender: MetricSender,
-        run_id: str,
-        interval: float,
-        step_source: Any,
-        cpu: CpuMeter | None = None,
-    ) -> None:
-        from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
+    def __init__(self, *, uri: str, run_id: str, interval: float) -> None:
+        import mlflow
 
-        self._monitors = [CPUMonitor()]
-        # What is sampled of the GPUs, or why nothing is: the hook says it once (a log line and
-        # the Trainer run's `fullthrottle.gpu_metrics` tag).
-        try:
-            from mlflow.system_metrics.metrics.gpu_monitor import GPUMonitor
-
-            gpu = GPUMonitor()
-        except Exception as exc:  # noqa: BLE001 - no pynvml or no NVIDIA driver: no GPU metrics
-            self.gpu_metrics = f"unavailable: {exc}"
+        self._uri, self._run_id = uri, run_id
+        nvml = hardware.nvml_facts()  # what MLflow's GPU monitor will find (it asks NVML too)
+        if nvml.gpus:
+            self.gpu_metrics = f"{len(nvml.gpus)} GPU(s): utilization, memory used, power"
         else:
-            if gpu.num_gpus:
-                self._monitors.append(gpu)
-                self.gpu_metrics = f"{gpu.num_gpus} GPU(s): utilization, memory used, power"
-            else:
-                self.gpu_metrics = "unavailable: NVML sees no GPU"
-        self._sender, self._run_id, self._interval, self._step_source = (
-            sender,
-            run_id,
-            interval,
-            step_source,
-        )
-        self._cpu = cpu or CpuMeter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._loop, name="fullthrottle-system-metrics", daemon=True
-        )
+            self.gpu_metrics = f"unavailable: {nvml.error or 'NVML sees no GPU'}"
+        self.has_gpu = bool(nvml.gpus)
+        mlflow.set_system_metrics_sampling_interval(interval)
+        mlflow.set_system_metrics_samples_before_logging(1)
+        before = {thread.ident for thread in threading.enumerate()}
+        # The sampler keeps the URI it starts with; the process-wide URI is restored after.
+        with scoped_tracking_uri(uri):
+            mlflow.start_run(run_id=run_id, log_system_metrics=True)
+        # MLflow samples on a thread of its own: its CPU time is tracking's "system" part.
+        started = [t for t in threading.enumerate() if t.ident not in before]
+        self._clock = None
+        if started and started[0].ident is not None:
+            with contextlib.suppress(OSError):
+                self._clock = time.pthread_getcpuclockid(started[0].ident)
+        self._cpu_seconds = 0.0
 
-    @property
-    def has_gpu(self) -> bool:
-        return len(self._monitors) > 1
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._sample()  # one last point at the end of training
-
-    def _sample(self) -> None:
-        with self._cpu.measuring("system"):
-            self._collect()
-
-    def _collect(self) -> None:
-        values: dict[str, float] = {}
-        for monitor in self._monitors:
+    def cpu_seconds(self) -> float:
+        """CPU seconds MLflow's sampling thread has used so far (the last reading once it ended)."""
+        if self._clock is not None:
             try:
-                monitor.collect_metrics()
-                values.update(monitor.aggregate_metrics())
-                monitor.clear_metrics()
-            except Exception as exc:  # noqa: BLE001 - a failed sample is skipped, training goes on
-                _log.debug("system metric sample failed: %s", exc)
-        timestamp, step = _now_ms(), int(self._step_source())
-        self._sender.send(
-            self._run_id,
-            [
-                Metric(key=f"system/{k}", value=float(v), timestamp=timestamp, step=step)
-                for k, v in values.items()
-            ],
-        )
+                self._cpu_seconds = time.clock_gettime(self._clock)
+            except OSError:  # the thread has ended
+                self._clock = None
+        return self._cpu_seconds
 
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            self._sample()
+    def stop(self, status: str) -> None:
+        """Ends the sampling (one last sample is logged) and leaves the run `status`."""
+        import mlflow
+
+        with scoped_tracking_uri(self._uri):
+            mlflow.end_run(status=status)
 
 
 class MlflowTrainingHook(TrainingHook):
@@ -365,7 +335,7 @@ class MlflowTrainingHook(TrainingHook):
         self._steps_per_point = 0  # set from the run's train_steps; 0 = a point per loop
         self._next_point_step = 0  # the loop ending at or after this step closes a point
         self._step = 0
-        self._sampler: SystemSampler | None = None
+        self._sampler: SystemMetrics | None = None
         self.cpu = CpuMeter()  # tracking's own CPU time (see `CpuMeter`)
 
     # --- TrainingHook ---------------------------------------------------------------------
@@ -409,20 +379,22 @@ class MlflowTrainingHook(TrainingHook):
                 self._resend_missing(points_kept)
             self._log_derived(facts)
             if self.link.system_metrics_interval_seconds > 0:
-                self._sampler = SystemSampler(
-                    sender=self.sender,
-                    run_id=self.run_id,
-                    interval=self.link.system_metrics_interval_seconds,
-                    step_source=lambda: self._step,
-                    cpu=self.cpu,
-                )
-                self._sampler.start()
+                try:
+                    self._sampler = SystemMetrics(
+                        uri=self.link.uri,
+                        run_id=self.run_id,
+                        interval=self.link.system_metrics_interval_seconds,
+                    )
+                except Exception as exc:  # noqa: BLE001 - no system metrics; training goes on
+                    self.channel.record_failure(f"start MLflow's system metrics: {exc}")
             self._say_gpu_metrics()
         self._write_status()
 
     def on_loop_end(self, step: int, record: dict[str, Any]) -> None:
         with self.cpu.measuring("hook"):
             self._on_loop_end(step, record)
+        if self._sampler is not None:
+            self.cpu.totals["system"] = self._sampler.cpu_seconds()
         self.cpu.mark_loop_end()
 
     def _on_loop_end(self, step: int, record: dict[str, Any]) -> None:
@@ -479,8 +451,7 @@ class MlflowTrainingHook(TrainingHook):
         if self.journal is not None:
             self.journal.persist()
         self._release(until_step=step if checkpoint else None)
-        if self._sampler is not None:
-            self._sampler.stop()
+        self._stop_sampler("KILLED")
         if self.sender is not None:
             self.sender.close(self.link.flush_timeout_seconds)
         client = self.channel.client
@@ -514,8 +485,7 @@ class MlflowTrainingHook(TrainingHook):
         if self.journal is not None:
             self.journal.persist()
         self._release(until_step=None)
-        if self._sampler is not None:
-            self._sampler.stop()
+        self._stop_sampler("FINISHED")
         if self.run_id is not None and self.sender is not None:
             timestamp, step = _now_ms(), int(result.steps_completed)
             final = [
@@ -744,6 +714,15 @@ class MlflowTrainingHook(TrainingHook):
             tags=[RunTag("fullthrottle.strategy", facts.strategy_name)]
             + [t for t in tags if t.key == UNREADABLE_CHECKPOINTS_TAG],
         )
+
+    def _stop_sampler(self, status: str) -> None:
+        if self._sampler is None:
+            return
+        sampler, self._sampler = self._sampler, None
+        try:
+            sampler.stop(status)
+        except Exception as exc:  # noqa: BLE001 - a tracking call may fail; training may not
+            self.channel.record_failure(f"end MLflow's system metrics: {exc}")
 
     def _say_gpu_metrics(self) -> None:
         """Says once what is sampled of the GPUs or why nothing is: a tag on the Trainer run and a

@@ -40,6 +40,7 @@ class ServedModelDescription:
     signature: Any  # mlflow.models.ModelSignature
     input_example: Any  # pandas.DataFrame of raw feature rows
     classes: list[str]  # the order of `probabilities`
+    numeric_columns: list[str]  # inputs that are numbers (typed "any" in the signature)
 
 
 def raw_input_specs(loaded: Any) -> dict[str, Any]:
@@ -51,57 +52,65 @@ def raw_input_specs(loaded: Any) -> dict[str, Any]:
 
 
 def _raw_frame(loaded: Any, examples: Sequence[bytes]) -> Any:
-    """Rows of `examples` (serialized tf.Examples) that have every raw input, as the DataFrame a
-    client would send: one column per `predict_raw` input, numbers as float64 / int64."""
+    """The first rows of `examples` (serialized tf.Examples) as the DataFrame a client would
+    send: one column per `predict_raw` input, numbers as float64 (int64 for an integer
+    column), text as str; a missing cell is NaN (numbers) or None (text), as
+    ``pandas.read_csv`` gives it."""
     import pandas as pd
     import tensorflow as tf
 
     specs = raw_input_specs(loaded)
-    parsed = tf.io.parse_example(
-        tf.constant(list(examples)),
-        {name: tf.io.VarLenFeature(s.dtype) for name, s in specs.items()},
-    )
     columns: dict[str, list[Any]] = {name: [] for name in specs}
-    for row in range(len(examples)):
-        values = {}
-        for name, sparse in parsed.items():
-            found = tf.sparse.to_dense(tf.sparse.slice(sparse, [row, 0], [1, 1])).numpy().ravel()
-            if found.size == 0:
-                break
-            value = found[0]
-            values[name] = value.decode("utf-8") if isinstance(value, bytes) else value.item()
-        if len(values) == len(specs):
-            for name, value in values.items():
-                columns[name].append(value)
-        if len(columns[next(iter(specs))]) >= EXAMPLE_ROWS:
-            break
+    for record in examples[:EXAMPLE_ROWS]:
+        features = tf.train.Example.FromString(record).features.feature
+        for name, spec in specs.items():
+            feature = features.get(name)
+            kind = feature.WhichOneof("kind") if feature is not None else None
+            values = list(getattr(feature, kind).value) if kind else []
+            if not values:
+                columns[name].append(None if spec.dtype == tf.string else np.nan)
+            elif spec.dtype == tf.string:
+                value = values[0]
+                columns[name].append(value.decode("utf-8") if isinstance(value, bytes) else value)
+            else:
+                columns[name].append(values[0])
     frame = pd.DataFrame(columns)
     for name, spec in specs.items():
         if spec.dtype.is_floating:
             frame[name] = frame[name].astype(np.float64)
+        elif spec.dtype.is_integer:
+            frame[name] = frame[name].astype(np.int64)
     return frame
 
 
 def describe(saved_model_dir: str, examples: Sequence[bytes]) -> ServedModelDescription:
     """The signature, input example and class order of the pushed model in `saved_model_dir`,
-    from `examples` (serialized evaluation tf.Examples; the label, if there, is ignored)."""
+    from `examples` (serialized evaluation tf.Examples; the label, if there, is ignored).
+
+    Every input column is optional (`required=False`): a missing column, NaN or None is the
+    CSV's empty cell, which the model imputes or refuses itself (a feature its schema
+    requires). A numeric column is typed "any": pandas holds 215 as int64 and 215.0 (or any
+    column with a missing cell) as float64, and MLflow converts neither int64 nor float64 to
+    the other ("Can not safely convert"); the model reads both as numbers and names the column
+    of a value that is not one (the columns are listed in the model's metadata under
+    `numeric_columns`). An integer column (a category of whole numbers) is "long": MLflow then
+    names the column and the type when a value is not a whole number."""
     import tensorflow as tf
     from mlflow.models import ModelSignature
     from mlflow.types import ColSpec, DataType, Schema
-    from mlflow.types.schema import Array
+    from mlflow.types.schema import AnyType, Array
 
     loaded = tf.saved_model.load(saved_model_dir)
     specs = raw_input_specs(loaded)
     classified = loaded.signatures[CLASSIFY_SIGNATURE](inputs=tf.constant(list(examples[:1])))
     classes = [c.decode("utf-8") for c in classified["classes"].numpy()[0]]
-    # float32 inputs are declared "double": pandas reads decimals as float64, and MLflow refuses
-    # float64 -> float32 as unsafe. The model casts to the SavedModel's float32 itself.
     kinds = {tf.string: DataType.string, tf.int64: DataType.long, tf.int32: DataType.integer}
     inputs = Schema(
         [
             ColSpec(
-                DataType.double if s.dtype.is_floating else kinds.get(s.dtype, DataType.string),
+                AnyType() if s.dtype.is_floating else kinds.get(s.dtype, DataType.string),
                 name,
+                required=False,
             )
             for name, s in sorted(specs.items())
         ]
@@ -117,6 +126,7 @@ def describe(saved_model_dir: str, examples: Sequence[bytes]) -> ServedModelDesc
         signature=ModelSignature(inputs=inputs, outputs=outputs),
         input_example=_raw_frame(loaded, examples),
         classes=classes,
+        numeric_columns=sorted(name for name, s in specs.items() if s.dtype.is_floating),
     )
 
 
@@ -156,5 +166,9 @@ def log_served_model(
             signature=description.signature,
             input_example=description.input_example,
             pip_requirements=requirements(),
-            metadata={"classes": description.classes, "signature": RAW_SIGNATURE},
+            metadata={
+                "classes": description.classes,
+                "signature": RAW_SIGNATURE,
+                "numeric_columns": description.numeric_columns,
+            },
         )

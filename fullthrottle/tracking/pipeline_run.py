@@ -500,6 +500,7 @@ class PipelineTracker:
             if model_id is None:
                 return
         self.model_id = model_id
+        self._log_model_results(model_id, summary)
         if not self.config.tracking.register_model:
             return
         name = self.config.model_name
@@ -542,6 +543,49 @@ class PipelineTracker:
                 return
         self.registered_version = str(version.version)
         self._move_alias(name, version)
+
+    def _log_model_results(self, model_id: str, summary: dict[str, Any]) -> None:
+        """The Evaluator's metrics and the run's params on the logged model itself, so MLflow 3's
+        model page shows what the model scored (on the eval split's dataset) and how it was made.
+        Metrics carry the model's id (and the eval dataset's name and digest) and are logged in
+        the run; params with `log_model_params`. Logging them again on a retried run is harmless:
+        the same values."""
+        client = self.channel.client
+        now = _now_ms()
+        eval_dataset = {"dataset_name": "eval", "dataset_digest": self._eval_dataset_digest()}
+        metrics = [
+            Metric(
+                metric_name(EVALUATOR_GROUP, key),
+                float(value),
+                now,
+                0,
+                model_id=model_id,
+                **(eval_dataset if eval_dataset["dataset_digest"] else {}),
+            )
+            for key, value in (summary.get("eval_metrics") or {}).items()
+        ]
+        if metrics:
+            self.channel.ok(
+                "log the Evaluator's metrics on the model",
+                client.log_batch,
+                self.run_id,
+                metrics=metrics,
+            )
+        params = config_params(self.config)
+        if params:
+            self.channel.ok(
+                "log the params on the model", client.log_model_params, model_id, params
+            )
+
+    def _eval_dataset_digest(self) -> str | None:
+        """The digest `_log_datasets` gives the eval split (None when the data is unknown)."""
+        if not self.data_digest:
+            return None
+        return dataset_digest(
+            self.data_digest,
+            "eval",
+            (self.config.data.train_buckets, self.config.data.eval_buckets),
+        )
 
     def _log_model(
         self, pushed_dir: str, push_version: str, components: dict[str, Any]
@@ -673,11 +717,10 @@ def _dataset_inputs(
         if split not in splits:
             continue
         uri = os.path.join(examples["uri"], f"Split-{split}")
-        material = json.dumps([data_digest, split, list(split_config)], sort_keys=True)
         dataset = MetaDataset(
             source=get_dataset_source_from_json(json.dumps({"uri": uri}), source_type="local"),
             name=split,
-            digest=hashlib.sha256(material.encode()).hexdigest()[:16],
+            digest=dataset_digest(data_digest, split, split_config),
             schema=columns,
         )
         profile = (
@@ -688,6 +731,15 @@ def _dataset_inputs(
         entity = Dataset(**dataset.to_dict(), profile=json.dumps(profile) if profile else None)
         found.append(DatasetInput(entity, tags=[InputTag(MLFLOW_DATASET_CONTEXT, context)]))
     return found
+
+
+def dataset_digest(
+    data_digest: list[list[Any]], split: str, split_config: tuple[int, int] | list[int]
+) -> str:
+    """A split's dataset digest: of the input files' content hashes, the split's name and the
+    hash-bucket split (what decides the split's content)."""
+    material = json.dumps([data_digest, split, list(split_config)], sort_keys=True)
+    return hashlib.sha256(material.encode()).hexdigest()[:16]
 
 
 def _eval_records(examples: dict[str, Any], *, limit: int) -> list[bytes]:

@@ -9,7 +9,15 @@ The model answers through the SavedModel's `predict_raw` signature (one tensor p
 the Transform graph is inside the SavedModel): a DataFrame of raw feature columns in, one row per
 example out with the predicted `class` (text), its `probability`, and `probabilities` in the
 order of the `classes` the model config lists.
+
+A missing value is the CSV's empty cell, however pandas holds it: NaN or None in a cell, or a
+column left out. It reaches the model as NaN (numbers) or "" (text), which the SavedModel reads
+as absent: it imputes it, or refuses a feature its schema requires, naming it. Numbers are
+numbers: whole or not, int64 or float64 columns alike (``pd.read_csv`` reads a column with a
+missing cell as float64).
 """
+
+import re
 
 import mlflow
 import numpy as np
@@ -44,15 +52,45 @@ class PushedModel(PythonModel):
     def predict(self, context, model_input: pd.DataFrame, params=None) -> pd.DataFrame:
         import tensorflow as tf
 
+        rows = len(model_input)
         features = {}
         for name, spec in self._inputs.items():
-            column = model_input[name].to_numpy()
+            if name in model_input:
+                column = model_input[name]
+            else:  # an optional column left out: every cell of it is missing
+                column = pd.Series([None] * rows, index=model_input.index, dtype=object)
+            missing = column.isna().to_numpy()
             if spec.dtype == tf.string:
-                values = np.array([str(v) for v in column], dtype=object)
+                values = np.array(
+                    ["" if gone else str(v) for v, gone in zip(column, missing, strict=True)],
+                    dtype=object,
+                )
+            elif spec.dtype.is_floating:
+                numbers = pd.to_numeric(column, errors="coerce")
+                bad = column[numbers.isna().to_numpy() & ~missing]
+                if len(bad):
+                    raise ValueError(
+                        f"column {name!r} holds numbers (whole or not), but row "
+                        f"{bad.index[0]} has {bad.iloc[0]!r}: send a number, or NaN or None "
+                        "where the value is missing"
+                    )
+                values = numbers.to_numpy(dtype=np.float64).astype(np.float32)
             else:
-                values = column.astype(spec.dtype.as_numpy_dtype)
+                if missing.any():
+                    raise ValueError(
+                        f"column {name!r} holds whole numbers the model needs (int64) and "
+                        "cannot be missing here; fill it, or send the row as a tf.Example"
+                    )
+                values = column.to_numpy().astype(spec.dtype.as_numpy_dtype)
             features[self._keywords.get(name, name)] = tf.constant(values, dtype=spec.dtype)
-        outputs = self._predict(**features)
+        try:
+            outputs = self._predict(**features)
+        except tf.errors.InvalidArgumentError as exc:
+            # The SavedModel's own refusal (a feature its schema requires is missing), without
+            # TensorFlow's graph-node wrapping.
+            found = re.search(r"assertion failed: \[(.*?)\]", exc.message)
+            text = found.group(1) if found else exc.message.strip().splitlines()[-1]
+            raise ValueError(text) from None
         probabilities = outputs["probabilities"].numpy().astype(np.float64)
         return pd.DataFrame(
             {

@@ -1,14 +1,16 @@
 """Where a run comes from: MLflow's standard source tags, and the environment it ran in.
 
-`source_tags` gives what `mlflow.start_run` would set (`mlflow.user`, `mlflow.source.name`,
-`mlflow.source.type`, from MLflow's run-context providers) plus the git state of the code that
-ran (`mlflow.source.git.commit`, `.branch`, `.repoURL`, and `fullthrottle.git_dirty`), read with
+`source_tags` gives the source tags `mlflow.start_run` sets for a local run (`mlflow.user`,
+`mlflow.source.name` the program that ran, `mlflow.source.type` LOCAL; MLflow's documented
+system tags, set here because the runs are made with `MlflowClient.create_run`) plus the git
+state of the code that ran (`mlflow.source.git.commit`, `.branch`, `.repoURL`, and `fullthrottle.git_dirty`), read with
 GitPython from this package's checkout, wherever the command was started. Outside a checkout
 (an image) there are no git tags. `environment_tags` names package versions and the device.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from pathlib import Path
@@ -51,9 +53,19 @@ def git_tags(path: Path = _CODE) -> dict[str, str]:
 
 def source_tags() -> dict[str, str]:
     """MLflow's source tags for a run made by this process, and the code's git state."""
-    from mlflow.tracking.context.registry import resolve_tags
+    import getpass
+    import sys
 
-    tags = {k: str(v) for k, v in resolve_tags().items()}
+    from mlflow.entities import SourceType
+    from mlflow.utils.mlflow_tags import MLFLOW_SOURCE_NAME, MLFLOW_SOURCE_TYPE, MLFLOW_USER
+
+    tags = {MLFLOW_SOURCE_TYPE: SourceType.to_string(SourceType.LOCAL)}
+    program = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if program:
+        tags[MLFLOW_SOURCE_NAME] = program
+    # No user name in this container (KeyError, OSError): MLflow leaves it unset too.
+    with contextlib.suppress(KeyError, OSError):
+        tags[MLFLOW_USER] = getpass.getuser()
     tags.update(git_tags())
     return tags
 

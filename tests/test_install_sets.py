@@ -9,6 +9,7 @@ import importlib.metadata
 import re
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -54,9 +55,12 @@ def test_the_gpu_set_is_only_what_the_gpu_extra_adds():
 
 
 def test_the_environment_is_the_lock_at_its_versions_with_cuda_only_in_the_gpu_set():
+    # The environment's own site-packages: once imported, setuptools puts its vendored copies
+    # (packaging, zipp, importlib-metadata, ... with their dist-info) on sys.path after them.
+    site = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
     installed = {
         canonicalize_name(dist.metadata["Name"]): dist.version
-        for dist in importlib.metadata.distributions()
+        for dist in importlib.metadata.distributions(path=sorted(site))
     }
     wrong = {
         name: (pin, installed.get(name)) for name, pin in DEV.items() if installed.get(name) != pin

@@ -331,7 +331,7 @@ CASES = (
         "far-out-of-range",
         "gate",
         _with_cells("body_mass_g", "45000"),
-        ("column 'body_mass_g'", "INT_TYPE_BIG_INT", "45000"),
+        ("column 'body_mass_g'", "FLOAT_TYPE_BIG_FLOAT", "45000"),
     ),
     Case(
         "extremely-long-value",

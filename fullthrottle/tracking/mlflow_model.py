@@ -142,25 +142,34 @@ def log_served_model(
     saved_model_dir: str,
     examples: Sequence[bytes],
     tags: dict[str, str],
+    model_id: str | None = None,
+    link_to_run: bool = True,
 ) -> Any:
-    """Logs the pushed SavedModel as an MLflow logged model `model` of `run_id` (its output);
-    returns MLflow's ModelInfo (`model_id`, `model_uri` ``models:/<model_id>``)."""
+    """Logs the pushed SavedModel as an MLflow logged model `model` of `run_id` (its output),
+    into the logged model `model_id` when given (one an interrupted attempt left pending; one it
+    already linked to the run is not linked again: `link_to_run` False); returns MLflow's
+    ModelInfo (`model_id`, `model_uri` ``models:/<model_id>``)."""
     from mlflow.models import Model
     from mlflow.tracking import MlflowClient
 
     description = describe(saved_model_dir, examples)
     # Made here, in the run's experiment: left to `Model.log`, the logged model would go into
     # the process's active experiment (fluent state), whatever the run's experiment is.
-    logged = MlflowClient(tracking_uri=uri).create_logged_model(
-        experiment_id=experiment_id, name=MODEL_NAME, source_run_id=run_id, tags=tags
-    )
+    if model_id is None:
+        model_id = (
+            MlflowClient(tracking_uri=uri)
+            .create_logged_model(
+                experiment_id=experiment_id, name=MODEL_NAME, source_run_id=run_id, tags=tags
+            )
+            .model_id
+        )
     with scoped_tracking_uri(uri):
         return Model.log(
             artifact_path=None,  # positional in MLflow 3.17; `name` replaces it
             name=MODEL_NAME,
-            model_id=logged.model_id,
+            model_id=model_id,
             flavor=mlflow.pyfunc,
-            run_id=run_id,
+            run_id=run_id if link_to_run else None,  # Model.log links the run's output
             python_model=str(CODE),
             artifacts={SAVED_MODEL_ARTIFACT: saved_model_dir},
             signature=description.signature,

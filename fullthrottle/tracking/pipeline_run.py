@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mlflow.entities import Metric, Param, RunTag
+from mlflow.entities import LoggedModelStatus, Metric, Param, RunTag
 
 from fullthrottle.core.config import Config
 from fullthrottle.core.redact import redact, redact_text, redact_value
@@ -488,15 +488,27 @@ class PipelineTracker:
             [self.experiment_id],
             filter_string=(
                 f"source_run_id = '{self.run_id}' AND tags.`{PUSH_VERSION_TAG}` = '{push_version}'"
-                " AND status = 'READY'"
             ),
         )
         if found is None:
             return
-        if found:
-            model_id = found[0].model_id
+        ready = [m for m in found if m.status == LoggedModelStatus.READY]
+        if ready:
+            model_id = ready[0].model_id
         else:
-            model_id = self._log_model(pushed_dir, push_version, components)
+            # A Pusher stopped while it logged leaves its logged model PENDING: this attempt
+            # logs into that one, so that the run has one model output per push.
+            interrupted = found[0].model_id if found else None
+            linked = False
+            if interrupted:
+                run = self.channel.call("read the run's outputs", client.get_run, self.run_id)
+                if run is None:
+                    return
+                outputs = run.outputs.model_outputs if run.outputs else []
+                linked = interrupted in {o.model_id for o in outputs}
+            model_id = self._log_model(
+                pushed_dir, push_version, components, model_id=interrupted, linked=linked
+            )
             if model_id is None:
                 return
         self.model_id = model_id
@@ -588,7 +600,13 @@ class PipelineTracker:
         )
 
     def _log_model(
-        self, pushed_dir: str, push_version: str, components: dict[str, Any]
+        self,
+        pushed_dir: str,
+        push_version: str,
+        components: dict[str, Any],
+        *,
+        model_id: str | None,
+        linked: bool,
     ) -> str | None:
         from fullthrottle.tracking.mlflow_model import log_served_model
 
@@ -603,6 +621,8 @@ class PipelineTracker:
                 saved_model_dir=pushed_dir,
                 examples=records,
                 tags={PUSH_VERSION_TAG: push_version},
+                model_id=model_id,
+                link_to_run=not linked,
             )
         except Exception as exc:  # noqa: BLE001 - the model is pushed; tracking it may fail
             self.channel.record_failure(

@@ -405,7 +405,7 @@ def _gate_message(folder: Path, case: Case) -> str:
         overrides.append(f"data.path={value}" if flag == "--data" else value)
     config = load_config(overrides=overrides)
     prepared = prepare_data(config)
-    staged = [str(p) for p in Path(prepared.input_base).iterdir()]
+    staged = sorted(str(p) for p in Path(prepared.input_base).glob("*/*.csv"))
     # The same CSV decoder, with the same type inference, as CsvExampleGen.
     statistics = tfdv.generate_statistics_from_csv(staged[0] if len(staged) == 1 else staged)
     schema = tfdv.load_schema_text(str(PENGUINS_SCHEMA))

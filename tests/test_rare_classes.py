@@ -310,3 +310,35 @@ def test_the_label_vocabulary_holds_every_class_and_eval_holds_no_unseen_one(iri
     assert labels["eval"] == {"setosa": 13, "versicolor": 13, "virginica": 13, "hybrid": 1}
     # The Evaluator measured every eval row.
     assert last["eval_metrics"]["example_count"] == 40
+
+
+def test_the_gate_stops_on_eval_rows_of_a_class_train_lacks(tmp_path):
+    """Data put where ExampleGen reads without `fullthrottle run` (a Kubeflow input folder) can
+    hold such a split: the DataGate names the classes and counts their rows before Transform."""
+    from components.data_gate import data_findings, format_report
+
+    header = f"{','.join(FEATURES)},{LABEL}\n"
+    for split, rows in {
+        "train": ["1.0,2.0,3.0,4.0,a", "1.0,2.0,3.0,5.0,b"],
+        "eval": ["1.0,2.0,3.0,4.5,a", "1.0,2.0,3.0,6.0,stray", "1.0,2.0,3.0,6.5,stray"],
+    }.items():
+        (tmp_path / split).mkdir()
+        (tmp_path / split / STAGED_CSV).write_text(header + "\n".join(rows) + "\n")
+    config = load_config(
+        overrides=[
+            f"data.label={LABEL}",
+            f"data.numeric={list(FEATURES)}",
+            "data.categorical=[]",
+        ]
+    )
+    types = {**dict.fromkeys(FEATURES, "FLOAT"), LABEL: "BYTES"}
+    (finding,) = data_findings(config.data, input_base=str(tmp_path), schema_types=types)
+    message = " ".join(
+        format_report([], input_files=str(tmp_path), schema_source="", findings=[finding]).split()
+    )
+    assert (
+        "column 'species' (in `data.label`): 1 class with rows in the eval split and none in "
+        "train (from the `train/` and `eval/` folders): 'stray' (2 rows)."
+    ) in message
+    assert "copy both split folders, `train/` and `eval/`" in message
+    assert "Transform and Trainer did not run" in message

@@ -25,6 +25,7 @@ from typing import Any
 SPLITS = ("train", "eval")
 STRATIFIED = "stratified by label"
 HASH_BUCKETS = "hash buckets"
+SPLIT_FOLDERS = "from the `train/` and `eval/` folders"  # CSV data as ExampleGen reads it
 
 
 def eval_rows_for(count: int, *, train_buckets: int, eval_buckets: int) -> int:

@@ -37,6 +37,7 @@ from fullthrottle.core.errors import DataError
 from fullthrottle.core.paths import hidden_reason, missing_path_message
 from fullthrottle.core.splits import (
     HASH_BUCKETS,
+    SPLIT_FOLDERS,
     SPLITS,
     STRATIFIED,
     SplitSummary,
@@ -549,6 +550,35 @@ def read_input_cells(
             for column in columns:
                 cells[column].append((f"{name} record {number}", _first_value(features, column)))
     return cells
+
+
+def input_label_splits(input_base: str, *, spec: DataSpec) -> SplitSummary:
+    """The label's rows per class and split in the data ExampleGen read from `input_base`: the
+    split folders of CSV input, ExampleGen's hash split of TFRecord input (for the DataGate, which
+    also sees data that `fullthrottle run` did not stage, such as a Kubeflow input folder)."""
+    if spec.format == "csv":
+        cells = read_input_cells(input_base, data_format="csv", columns=[spec.label])
+        return SplitSummary.count(
+            method=SPLIT_FOLDERS,
+            label=spec.label,
+            pairs=((value, place.split("/", 1)[0]) for place, value in cells[spec.label]),
+        )
+    import tensorflow as tf
+
+    pairs = []
+    for path in sorted(tf.io.gfile.glob(os.path.join(input_base, "*"))):
+        if os.path.basename(path).startswith(".") or tf.io.gfile.isdir(path):
+            continue
+        with tf.io.gfile.GFile(path, "rb") as f:
+            compression = "GZIP" if f.read(2) == b"\x1f\x8b" else ""
+        dataset = tf.data.TFRecordDataset([path], compression_type=compression)
+        for record in dataset.as_numpy_iterator():
+            features = tf.train.Example.FromString(record).features.feature
+            split = hash_split(
+                record, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
+            )
+            pairs.append((_first_value(features, spec.label), split))
+    return SplitSummary.count(method=HASH_BUCKETS, label=spec.label, pairs=pairs)
 
 
 def _first_value(features: object, column: str) -> str:

@@ -24,7 +24,7 @@ from typing import Any
 
 SPLITS = ("train", "eval")
 STRATIFIED = "stratified by label"
-HASH_BUCKETS = "hash buckets"
+HASH_BUCKETS = "by hash buckets"
 SPLIT_FOLDERS = "from the `train/` and `eval/` folders"  # CSV data as ExampleGen reads it
 
 

@@ -399,9 +399,9 @@ def _check_tfrecord_split(spec: DataSpec, split: SplitSummary, folder: Path) -> 
         f"{spec.eval_buckets}), which put every record of {len(unseen)} class"
         f"{'es' if several else ''} of the label {spec.label!r} into the eval split: "
         f"{name_classes(unseen)}. The model would never learn {'them' if several else 'it'} "
-        "and could not evaluate them. Add records of these classes, remove them, or export the "
-        "data as CSV, which `fullthrottle run` splits stratified by label (every class keeps a "
-        "row in train)."
+        "and the evaluation would fail on them after training. Add records of these classes, "
+        "remove them, or export the data as CSV, which `fullthrottle run` splits stratified by "
+        "label (every class keeps a row in train)."
     )
 
 

@@ -7,8 +7,10 @@ TFRecord input keeps ExampleGen's hash split, and staging stops when it would pu
 eval only.
 
 The user's path once, as a pipeline run: scikit-learn's bundled Iris data with one-row and
-two-row extra classes (string labels), `init` then `run` -> a pushed model, the rare classes
-named. Integer labels take the same staging code; they are checked at the staging level.
+two-row extra classes (string labels) that ExampleGen's hash split put into eval only (the run
+failed after training with "Received a label value of -1"), `init` then `run` -> a pushed model,
+the rare classes named. Integer labels take the same staging code; they are checked at the
+staging level.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ STRING_EXTRAS = {"setosa-dwarf": 1, "virginica-albino": 1, "hybrid": 2}
 INTEGER_EXTRAS = {"7": 1, "8": 1, "9": 2}
 RARE_STRINGS = "'setosa-dwarf' (1 row), 'virginica-albino' (1 row)"
 TRAIN_STEPS = 300
+# Chooses the extra rows: with this seed ExampleGen's hash split (the split before staging split
+# by label) puts both one-row classes into eval only, which crashed the run after training.
+SEED = 45
 
 
 def write_iris_csv(path: Path, *, integer_labels: bool, extras: dict[str, int]) -> list[list[str]]:
@@ -56,7 +61,7 @@ def write_iris_csv(path: Path, *, integer_labels: bool, extras: dict[str, int]) 
             iris.data, iris.target, iris.target_names[iris.target], strict=True
         )
     ]
-    pick = random.Random(37)
+    pick = random.Random(SEED)
     for label, count in extras.items():
         for _ in range(count):
             features = iris.data[pick.randrange(len(iris.data))]
@@ -300,14 +305,28 @@ def test_the_label_vocabulary_holds_every_class_and_eval_holds_no_unseen_one(iri
     vocabulary = tft.TFTransformOutput(str(graph)).vocabulary_by_name(LABEL_VOCAB)
     everything = {"setosa", "versicolor", "virginica", *STRING_EXTRAS}
     assert {value.decode() for value in vocabulary} == everything
-    labels = {}
+    labels, records = {}, {}
     for split in SPLITS:
         files = sorted(root.glob(f"CsvExampleGen/examples/*/Split-{split}/*"))
         assert files, split
-        records = tf.data.TFRecordDataset([str(f) for f in files], compression_type="GZIP")
-        labels[split] = Counter(label_of(r.numpy(), LABEL) for r in records)
+        dataset = tf.data.TFRecordDataset([str(f) for f in files], compression_type="GZIP")
+        records[split] = [record.numpy() for record in dataset]
+        labels[split] = Counter(label_of(record, LABEL) for record in records[split])
     assert set(labels["train"]) == everything
     assert labels["eval"] == {"setosa": 13, "versicolor": 13, "virginica": 13, "hybrid": 1}
+    # The data exercises the old failure: ExampleGen's hash split (TFX's own partition function,
+    # on the examples CsvExampleGen made) would have put every one-row class into eval only.
+    from tfx.components.example_gen.base_example_gen_executor import _PartitionFn
+    from tfx.proto import example_gen_pb2
+
+    one_row = [
+        tf.train.Example.FromString(record)
+        for record in records["train"]
+        if STRING_EXTRAS.get(label_of(record, LABEL)) == 1
+    ]
+    assert len(one_row) == 2
+    for example in one_row:
+        assert SPLITS[_PartitionFn(example, 2, [3, 4], example_gen_pb2.SplitConfig())] == "eval"
     # The Evaluator measured every eval row.
     assert last["eval_metrics"]["example_count"] == 40
 

@@ -9,8 +9,10 @@ documents as unreliable next to conditional nodes such as the Pusher's).
 
 It also runs the cell checks of `fullthrottle.core.data_checks` on the data ExampleGen read, on
 every run and every runner: numeric columns with cells that are not plain numbers (or typed as
-text by the schema) and label values written several ways stop the run here, with the values
-and where they are, so data that changed since `fullthrottle init` is caught before Transform.
+text by the schema), label values written several ways, and label classes with rows in eval and
+none in train stop the run here, with the values and where they are, so data that changed since
+`fullthrottle init` (or was put where ExampleGen reads by other means) is caught before
+Transform.
 
 The component only unpacks artifacts; `read_anomalies`, `format_report` and `data_findings`
 are tested on their own. Files go through TFX's filesystem layer (`fileio`), so artifacts on
@@ -106,16 +108,45 @@ def anomalies_of_split(split: str, proto: Any) -> list[Anomaly]:
 
 def data_findings(spec: Any, *, input_base: str, schema_types: dict[str, str]) -> list[Finding]:
     """The cell checks on the data ExampleGen read from `input_base` (see the module docstring)."""
-    from fullthrottle.core.staging import read_input_cells
+    from fullthrottle.core.staging import input_label_splits, read_input_cells
 
     columns = [*spec.numeric, spec.label]
     cells = read_input_cells(input_base, data_format=spec.format, columns=columns)
-    return gate_findings(
+    findings = gate_findings(
         numeric=spec.numeric,
         label=spec.label,
         label_mode=spec.near_duplicate_labels,
         cells=cells,
         types=schema_types,
+    )
+    unseen = eval_only_classes(input_label_splits(input_base, spec=spec))
+    return [*findings, unseen] if unseen else findings
+
+
+def eval_only_classes(split: Any) -> Finding | None:
+    """Classes with eval rows and no train rows: unknown to the label vocabulary (analyzed over
+    train), they would fail the evaluation after training. `fullthrottle run` never stages such
+    a split; data put where ExampleGen reads by other means can hold one."""
+    from fullthrottle.core.splits import name_classes
+
+    unseen = split.not_trained
+    if not unseen:
+        return None
+    several = len(unseen) != 1
+    return Finding(
+        column=split.label,
+        where="`data.label`",
+        problem=(
+            f"{len(unseen)} class{'es' if several else ''} with rows in the eval split and none "
+            f"in train ({split.method}): {name_classes(unseen)}"
+        ),
+        fix=(
+            f"The model could not learn {'them' if several else 'it'} and the evaluation would "
+            "fail on them. CSV input: let `fullthrottle run` stage it (it splits stratified by "
+            "label, every class keeps a row in train) and copy both split folders, `train/` and "
+            "`eval/`. TFRecord input: add records of these classes, remove them, or export the "
+            "data as CSV."
+        ),
     )
 
 

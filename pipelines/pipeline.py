@@ -29,6 +29,7 @@ from fullthrottle.core.bundled import schema_path_for
 from fullthrottle.core.config import Config
 from fullthrottle.core.evaluation import LATEST_BLESSED, BlessingRule
 from fullthrottle.core.features import transformed_name
+from fullthrottle.core.splits import SPLITS
 from fullthrottle.tracking import LINK_KEY
 
 PREPROCESSING_FN = "trainer_module.transform.preprocessing_fn"
@@ -177,21 +178,26 @@ def create_pipeline(
     (same inputs and outputs), so a runner can swap how training executes, not the wiring.
     """
     spec = config.data
-    output_config = tfx.proto.Output(
-        split_config=tfx.proto.SplitConfig(
-            splits=[
-                tfx.proto.SplitConfig.Split(name="train", hash_buckets=spec.train_buckets),
-                tfx.proto.SplitConfig.Split(name="eval", hash_buckets=spec.eval_buckets),
-            ]
-        )
-    )
     if spec.format == "tfrecord":
+        # Split by hash buckets; staging has checked that every class keeps a record in train.
         example_gen = tfx.components.ImportExampleGen(
-            input_base=input_base, output_config=output_config
+            input_base=input_base,
+            output_config=tfx.proto.Output(
+                split_config=tfx.proto.SplitConfig(
+                    splits=[
+                        tfx.proto.SplitConfig.Split(name="train", hash_buckets=spec.train_buckets),
+                        tfx.proto.SplitConfig.Split(name="eval", hash_buckets=spec.eval_buckets),
+                    ]
+                )
+            ),
         )
     else:
+        # Staging wrote the splits, stratified by label: <input_base>/train/, <input_base>/eval/.
         example_gen = tfx.components.CsvExampleGen(
-            input_base=input_base, output_config=output_config
+            input_base=input_base,
+            input_config=tfx.proto.Input(
+                splits=[tfx.proto.Input.Split(name=name, pattern=f"{name}/*") for name in SPLITS]
+            ),
         )
 
     statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])

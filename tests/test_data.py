@@ -8,6 +8,7 @@ import pytest
 
 from fullthrottle.core.config import load_config
 from fullthrottle.core.errors import DataError
+from fullthrottle.core.splits import SPLITS
 from fullthrottle.core.staging import STAGED_CSV, prepare_data
 
 
@@ -24,13 +25,17 @@ def test_bundled_penguins_are_staged_with_missing_values_emptied(tmp_path):
     config = load_config(overrides=[f"output_dir={tmp_path}"])
     prepared = prepare_data(config)
     assert prepared.rows == 344
-    staged = (config.staged_data_dir / STAGED_CSV).read_text()
-    assert "NA" not in staged.split("\n", 1)[1].split(",")  # no NA cell survives
-    assert ",," in staged or ",\n" in staged  # missing values are now empty cells
+    train, evaluated = (
+        (config.staged_data_dir / split / STAGED_CSV).read_text() for split in SPLITS
+    )
+    assert train.splitlines()[0] == evaluated.splitlines()[0] == HEADER.strip()
+    rows = train.splitlines()[1:] + evaluated.splitlines()[1:]
+    assert len(rows) == 344
+    assert not any("NA" in row.split(",") for row in rows)  # no NA cell survives
+    assert any(",," in row or row.endswith(",") for row in rows)  # missing values: empty cells
     # Numeric columns as decimals, whole numbers too (CsvExampleGen then reads them as FLOAT);
     # a column that is not numeric (year) as it was.
-    first = staged.splitlines()[1]
-    assert first == "Adelie,Torgersen,39.1,18.7,181.0,3750.0,male,2007", first
+    assert "Adelie,Torgersen,39.1,18.7,181.0,3750.0,male,2007" in rows
 
 
 def test_a_schema_typing_a_numeric_column_int_is_refused_before_the_run(tmp_path):
@@ -50,12 +55,14 @@ def test_a_schema_typing_a_numeric_column_int_is_refused_before_the_run(tmp_path
 def test_unchanged_input_keeps_the_staged_file_untouched(tmp_path):
     config = load_config(overrides=[f"output_dir={tmp_path}"])
     prepare_data(config)
-    staged = config.staged_data_dir / STAGED_CSV
-    os.utime(staged, (1_000_000, 1_000_000))
+    staged = [config.staged_data_dir / split / STAGED_CSV for split in SPLITS]
+    for path in staged:
+        os.utime(path, (1_000_000, 1_000_000))
     prepare_data(config)
-    assert staged.stat().st_mtime == 1_000_000, (
+    assert [path.stat().st_mtime for path in staged] == [1_000_000, 1_000_000], (
         "rewriting would change ExampleGen's fingerprint and miss the cache"
     )
+    assert sorted(p.name for p in config.staged_data_dir.iterdir()) == sorted(SPLITS)
 
 
 @pytest.mark.parametrize(
@@ -88,10 +95,14 @@ def test_non_utf8_bytes_name_the_line(tmp_path):
 def test_folder_of_csv_files_with_one_header(tmp_path):
     folder = tmp_path / "csvs"
     folder.mkdir()
-    (folder / "a.csv").write_text(HEADER + "Adelie,Torgersen,39.1,18.7,181,3750,male,2007\n")
+    (folder / "a.csv").write_text(
+        HEADER
+        + "Adelie,Torgersen,39.1,18.7,181,3750,male,2007\n"
+        + "Adelie,Dream,39.5,17.4,186,3800,female,2007\n"
+    )
     (folder / "b.csv").write_text(HEADER + "Gentoo,Biscoe,46.1,13.2,211,4500,female,2007\n")
     prepared = prepare_data(_config(tmp_path, folder))
-    assert prepared.rows == 2
+    assert prepared.rows == 3
     (folder / "c.csv").write_text("species,island\nAdelie,Dream\n")
     with pytest.raises(DataError, match="c.csv has no column"):
         prepare_data(_config(tmp_path, folder))

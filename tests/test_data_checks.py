@@ -19,6 +19,7 @@ from fullthrottle.core.data_checks import (
     normalize_number,
 )
 from fullthrottle.core.errors import DataError
+from fullthrottle.core.splits import SPLITS
 from fullthrottle.core.staging import STAGED_CSV, prepare_data, read_input_cells
 
 
@@ -139,15 +140,26 @@ def test_staging_applies_the_notation_and_merges_labels(tmp_path):
         ]
     )
     prepare_data(config)
-    staged = (config.staged_data_dir / STAGED_CSV).read_text().splitlines()
+    staged = [
+        line
+        for split in SPLITS
+        for line in (config.staged_data_dir / split / STAGED_CSV).read_text().splitlines()[1:]
+    ]
     # Plain decimals; whole numbers of numeric columns with ".0" (read as FLOAT downstream).
-    assert staged[1] == "Adelie,Torgersen,39.1,18.7,181.0,3750.5,male,2007"
-    assert staged[2] == "Adelie,Dream,39.5,17.4,186.0,3800.0,female,2007"
-    assert staged[3] == "Gentoo,Biscoe,46.1,13.2,211.0,4500.0,female,2007"
+    assert "Adelie,Torgersen,39.1,18.7,181.0,3750.5,male,2007" in staged
+    assert "Adelie,Dream,39.5,17.4,186.0,3800.0,female,2007" in staged
+    assert "Gentoo,Biscoe,46.1,13.2,211.0,4500.0,female,2007" in staged
 
 
 def test_the_gate_reads_headers_as_csvexamplegen_splits_them(tmp_path):
-    (tmp_path / STAGED_CSV).write_text('label,quote"name\nAdelie,1\nGentoo,"2,5"\n')
+    for split in SPLITS:
+        (tmp_path / split).mkdir()
+    (tmp_path / "train" / STAGED_CSV).write_text('label,quote"name\nAdelie,1\nGentoo,"2,5"\n')
+    (tmp_path / "eval" / STAGED_CSV).write_text('label,quote"name\nGentoo,3\n')
     cells = read_input_cells(str(tmp_path), data_format="csv", columns=['quote"name', "label"])
-    assert cells['quote"name'] == [("data.csv line 2", "1"), ("data.csv line 3", "2,5")]
-    assert [v for _, v in cells["label"]] == ["Adelie", "Gentoo"]
+    assert cells['quote"name'] == [
+        ("train/data.csv line 2", "1"),
+        ("train/data.csv line 3", "2,5"),
+        ("eval/data.csv line 2", "3"),
+    ]
+    assert [v for _, v in cells["label"]] == ["Adelie", "Gentoo", "Gentoo"]

@@ -88,8 +88,7 @@ def kubeflow_run(tmp_path_factory):
         compiled, config = _compile(root, server.uri)
         # What `fullthrottle run` stages before ExampleGen; on Kubeflow it is copied to input_base.
         prepared = prepare_data(load_config(overrides=[f"output_dir={root / 'local'}"]))
-        (root / "data").mkdir()
-        shutil.copyfile(Path(prepared.input_base) / "data.csv", root / "data" / "data.csv")
+        shutil.copytree(prepared.input_base, root / "data")
         (root / "tmp").mkdir()
         runs = run_spec(
             compiled.pipeline_spec,

@@ -396,7 +396,7 @@ def _gate_message(folder: Path, case: Case) -> str:
 
     from components.data_gate import anomalies_of_split, data_findings, describe_inputs
     from fullthrottle.core.config import load_config
-    from fullthrottle.core.staging import prepare_data
+    from fullthrottle.core.staging import STAGED_CSV, prepare_data
 
     folder.mkdir(parents=True, exist_ok=True)
     args = case.build(folder)
@@ -405,9 +405,8 @@ def _gate_message(folder: Path, case: Case) -> str:
         overrides.append(f"data.path={value}" if flag == "--data" else value)
     config = load_config(overrides=overrides)
     prepared = prepare_data(config)
-    staged = [str(p) for p in Path(prepared.input_base).iterdir()]
-    # The same CSV decoder, with the same type inference, as CsvExampleGen.
-    statistics = tfdv.generate_statistics_from_csv(staged[0] if len(staged) == 1 else staged)
+    # The same CSV decoder, with the same type inference, as CsvExampleGen (both splits).
+    statistics = tfdv.generate_statistics_from_csv(f"{prepared.input_base}/*/{STAGED_CSV}")
     schema = tfdv.load_schema_text(str(PENGUINS_SCHEMA))
     found = anomalies_of_split(
         "all", tfdv.validate_statistics(statistics=statistics, schema=schema)

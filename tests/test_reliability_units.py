@@ -261,16 +261,17 @@ def test_the_gate_the_schema_import_and_the_pusher_work_on_a_non_local_filesyste
     assert tf.io.gfile.listdir(validated.uri) == [SCHEMA_FILE]
     assert tf.io.gfile.GFile(f"{validated.uri}/{SCHEMA_FILE}").read() == written
     # A cell with a unit in a copy there stops the gate, named with its line: it read the copy.
-    (csv_file,) = tf.io.gfile.glob(f"{input_base}/*.csv")
+    (csv_file,) = tf.io.gfile.glob(f"{input_base}/train/*.csv")
     lines = tf.io.gfile.GFile(csv_file).read().splitlines()
     column = lines[0].split(",").index("bill_length_mm")
     cells = lines[1].split(",")
     cells[column] += " mm"
     dirty_base = f"{root}/dirty"
-    tf.io.gfile.makedirs(dirty_base)
-    with tf.io.gfile.GFile(f"{dirty_base}/penguins.csv", "w") as f:
+    tf.io.gfile.makedirs(f"{dirty_base}/train")
+    tf.io.gfile.copy(csv_file.replace("/train/", "/eval/"), f"{dirty_base}/eval/penguins.csv")
+    with tf.io.gfile.GFile(f"{dirty_base}/train/penguins.csv", "w") as f:
         f.write("\n".join([lines[0], ",".join(cells), *lines[2:]]) + "\n")
-    with pytest.raises(DataGateError, match=r"(?s)bill_length_mm.*line 2"):
+    with pytest.raises(DataGateError, match=r"(?s)bill_length_mm.*train/penguins.csv line 2"):
         DataGate.EXECUTOR_SPEC.executor_class().Do(
             {"anomalies": [anomalies], "schema": [imported]},
             {"validated_schema": [artifact(standard_artifacts.Schema, f"{root}/DataGate/dirty")]},

@@ -118,7 +118,12 @@ def run(args: argparse.Namespace) -> int:
                 f"  image:         {config.kubeflow.image} (steps with a GPU)",
                 f"  cpu image:     {config.kubeflow.cpu_image or config.kubeflow.image} (steps without)",
                 f"  pipeline root: {paths['pipeline_root']}",
-                f"  input base:    {paths['input_base']}",
+                f"  input base:    {paths['input_base']}"
+                + (
+                    " (put the train/ and eval/ folders `fullthrottle run` stages there)"
+                    if config.data.format == "csv"
+                    else ""
+                ),
                 f"  serving dir:   {paths['serving_dir']}",
                 "  volume:        "
                 + (

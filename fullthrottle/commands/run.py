@@ -105,6 +105,11 @@ def _run_locked(config: Config, *, command: str) -> int:
         + (f" ({prepared.rows} rows)" if prepared.rows is not None else ""),
         file=sys.stderr,
     )
+    if prepared.split is not None:
+        print(f"fullthrottle: {prepared.split.describe()}", file=sys.stderr)
+        rare = prepared.split.rare_classes_message()
+        if rare:
+            print(f"fullthrottle: {rare}", file=sys.stderr)
     tracker = None
     error: BaseException | None = None
     interrupted: KeyboardInterrupt | None = None
@@ -128,6 +133,8 @@ def _run_locked(config: Config, *, command: str) -> int:
     summary = run_summary(
         config, outcome, started_at=started_at, error=interrupted or error, command=command
     )
+    if prepared.split is not None:
+        summary["split"] = prepared.split.to_dict()
     summary["tracking"] = finish_tracking(tracker, summary, outcome, error=interrupted or error)
     path = write_last_run(config, summary)
     if interrupted is not None:
@@ -376,6 +383,19 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
 
             lines.append("  step-time advisor:")
             lines.extend(format_advice(training["advisor"], indent="    "))
+    split = summary.get("split") or {}
+    if split:
+        lines.append(
+            f"  split: {split['method']}, {split['rows']['train']} train rows, "
+            f"{split['rows']['eval']} eval rows"
+        )
+        if split.get("classes_not_evaluated"):
+            from fullthrottle.core.splits import name_classes
+
+            lines.append(
+                "  trained on, never evaluated (too few rows for both splits): "
+                + name_classes(split["classes_not_evaluated"])
+            )
     if summary["pushed_model_dir"]:
         lines.append(f"  pushed: {summary['pushed_model_dir']}")
     elif summary["blessed"]:

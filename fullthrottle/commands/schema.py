@@ -66,7 +66,8 @@ def infer_schema_text(config: Any, *, work_dir: str) -> str:
     options = PipelineOptions(["--direct_running_mode=in_memory"])
     if config.data.format == "csv":
         stats = tfdv.generate_statistics_from_csv(
-            data_location=os.path.join(prepared.input_base, STAGED_CSV), pipeline_options=options
+            data_location=os.path.join(prepared.input_base, "*", STAGED_CSV),
+            pipeline_options=options,
         )
     else:
         stats = tfdv.generate_statistics_from_tfrecord(

@@ -182,7 +182,9 @@ class DataSpec:
     # and say where they are, "merge" each group into its most frequent spelling (when `run`
     # stages a CSV), or "keep" them as different classes.
     near_duplicate_labels: Literal["stop", "merge", "keep"] = "stop"
-    # Hash-bucket split of the input rows, e.g. train 3 : eval 1.
+    # The train : eval shares of the input rows, e.g. 3 : 1. CSV input is split stratified by
+    # label when `run` stages it (every class keeps a row in train; fullthrottle/core/splits.py),
+    # TFRecord input by ExampleGen's hash buckets.
     train_buckets: PositiveInt = 3
     eval_buckets: PositiveInt = 1
     # A schema.pbtxt to import instead of inferring one with SchemaGen.

@@ -2,19 +2,22 @@
 
 `prepare_data` resolves bundled names, checks that the files exist, are not empty and have
 every configured column, and writes a normalized copy of CSV input into the run's output folder
-(cells equal to one of `na_values` become empty, which TFX's CSV decoder reads as missing).
-The copy is rewritten only when its content changes, so an unchanged input keeps its file
-fingerprint and the pipeline's cache stays valid.
+(cells equal to one of `na_values` become empty, which TFX's CSV decoder reads as missing),
+already split: `train/data.csv` and `eval/data.csv`, stratified by label
+(fullthrottle/core/splits.py), which ExampleGen reads as its two input splits. Each file is
+rewritten only when its content changes, so an unchanged input keeps its file fingerprints and
+the pipeline's cache stays valid. TFRecord input is read where it is and split by ExampleGen's
+hash buckets; a class whose every record would land in eval stops the run here.
 """
 
 from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import io
 import os
 import re
+import shutil
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +35,20 @@ from fullthrottle.core.data_checks import (
 )
 from fullthrottle.core.errors import DataError
 from fullthrottle.core.paths import hidden_reason, missing_path_message
+from fullthrottle.core.splits import (
+    HASH_BUCKETS,
+    SPLIT_FOLDERS,
+    SPLITS,
+    STRATIFIED,
+    SplitSummary,
+    eval_rows_for,
+    hash_split,
+    name_classes,
+    row_key,
+    stratified_split,
+)
 
-STAGED_CSV = "data.csv"
+STAGED_CSV = "data.csv"  # in each split's folder: <staged>/train/data.csv, <staged>/eval/data.csv
 CATEGORICAL_HINT = "Or, if the column holds categories, list it under `data.categorical`."
 
 
@@ -45,6 +60,7 @@ class PreparedData:
     source_files: tuple[str, ...]
     columns: tuple[str, ...]
     rows: int | None  # counted for CSV input
+    split: SplitSummary | None = None  # rows per split and class
 
 
 def source_files(spec: DataSpec) -> list[Path]:
@@ -178,25 +194,79 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
     _check_cells(spec, header0, all_rows, places, source=source)
     _normalize_cells(spec, header0, all_rows)
     _check_label_classes(spec, header0, all_rows, files)
-    buffer = io.StringIO(newline="")
-    # The header line as CsvExampleGen reads it: split at commas, quotes not read (a name with
-    # a quote character stays as it is; names with commas were refused above).
-    buffer.write(",".join(header0) + "\n")
-    csv.writer(buffer, lineterminator="\n").writerows(all_rows)
-    content = buffer.getvalue().encode("utf-8")
+    index = header0.index(spec.label)
+    labels = [row[index] for row in all_rows]
+    assignment = stratified_split(
+        labels,
+        [row_key(row) for row in all_rows],
+        train_buckets=spec.train_buckets,
+        eval_buckets=spec.eval_buckets,
+    )
+    split = SplitSummary.count(
+        method=STRATIFIED, label=spec.label, pairs=zip(labels, assignment, strict=True)
+    )
+    if not split.rows("eval"):
+        raise DataError(_no_eval_rows_message(spec, source=source, rows=len(all_rows)))
+    _write_staged(
+        staged_dir,
+        header0,
+        {
+            name: [row for row, where in zip(all_rows, assignment, strict=True) if where == name]
+            for name in SPLITS
+        },
+    )
+    return PreparedData(
+        str(staged_dir), tuple(map(str, files)), tuple(header0), len(all_rows), split
+    )
+
+
+def _no_eval_rows_message(spec: DataSpec, *, source: str, rows: int) -> str:
+    needed = next(
+        count
+        for count in range(2, 2 * (spec.train_buckets + spec.eval_buckets) + 2)
+        if eval_rows_for(count, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets)
+    )
+    return (
+        f"{source}: no class of the label {spec.label!r} has enough rows to give one to the eval "
+        f"split ({rows} rows in all; with `data.train_buckets` {spec.train_buckets} : "
+        f"`data.eval_buckets` {spec.eval_buckets} a class needs {needed} rows), so the model "
+        "could not be evaluated. Add rows, or give eval a larger share with `data.eval_buckets`."
+    )
+
+
+def _write_staged(staged_dir: Path, header: list[str], splits: dict[str, list[list[str]]]) -> None:
+    """Writes `<split>/data.csv` for each split; a file whose content is unchanged is left as it
+    is (its fingerprint keeps ExampleGen's cache valid). Anything else in the folder goes."""
     staged_dir.mkdir(parents=True, exist_ok=True)
-    target = staged_dir / STAGED_CSV
-    if (
-        not target.exists()
-        or hashlib.sha256(target.read_bytes()).digest() != hashlib.sha256(content).digest()
-    ):
-        tmp = target.with_suffix(".tmp")
-        tmp.write_bytes(content)
-        os.replace(tmp, target)
+    for name, rows in splits.items():
+        buffer = io.StringIO(newline="")
+        # The header line as CsvExampleGen reads it: split at commas, quotes not read (a name
+        # with a quote character stays as it is; names with commas were refused above).
+        buffer.write(",".join(header) + "\n")
+        csv.writer(buffer, lineterminator="\n").writerows(rows)
+        content = buffer.getvalue().encode("utf-8")
+        folder = staged_dir / name
+        if folder.exists() and not folder.is_dir():
+            folder.unlink()
+        folder.mkdir(exist_ok=True)
+        target = folder / STAGED_CSV
+        if not target.exists() or target.read_bytes() != content:
+            tmp = target.with_suffix(".tmp")
+            tmp.write_bytes(content)
+            os.replace(tmp, target)
+        for stale in folder.iterdir():
+            if stale.name != STAGED_CSV:
+                _remove(stale)
     for stale in staged_dir.iterdir():
-        if stale.name != STAGED_CSV:
-            stale.unlink()
-    return PreparedData(str(staged_dir), tuple(map(str, files)), tuple(header0), len(all_rows))
+        if stale.name not in splits:
+            _remove(stale)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 # Value checks that would otherwise be guessed quietly or fail deep inside Transform.
@@ -283,19 +353,25 @@ def _check_label_classes(
         )
 
 
-def _scan_tfrecords(files: list[Path]) -> int:
-    """Reads every record of every file: a truncated or corrupted file stops here, named."""
+def _scan_tfrecords(files: list[Path], spec: DataSpec) -> SplitSummary:
+    """Reads every record of every file: a truncated or corrupted file stops here, named. Counts
+    each label value in the split ExampleGen's hash buckets give its record."""
     import tensorflow as tf
 
-    total = 0
+    pairs: list[tuple[str, str]] = []
     for path in files:
         with open(path, "rb") as f:
             compression = "GZIP" if f.read(2) == b"\x1f\x8b" else ""
+        count = 0
         try:
             dataset = tf.data.TFRecordDataset([str(path)], compression_type=compression)
-            # do_not_convert: a counter needs no AutoGraph (whose conversion warns on 3.13).
-            count_fn = tf.autograph.experimental.do_not_convert(lambda n, _: n + 1)
-            count = int(dataset.reduce(tf.constant(0, tf.int64), count_fn))
+            for record in dataset.as_numpy_iterator():
+                features = tf.train.Example.FromString(record).features.feature
+                split = hash_split(
+                    record, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
+                )
+                pairs.append((_first_value(features, spec.label), split))
+                count += 1
         except Exception as exc:  # noqa: BLE001 - DataLossError and friends: all mean a damaged file
             detail = (
                 str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
@@ -307,8 +383,26 @@ def _scan_tfrecords(files: list[Path]) -> int:
             ) from None
         if count == 0:
             raise DataError(f"{path} holds no records; remove it from the data folder")
-        total += count
-    return total
+    return SplitSummary.count(method=HASH_BUCKETS, label=spec.label, pairs=pairs)
+
+
+def _check_tfrecord_split(spec: DataSpec, split: SplitSummary, folder: Path) -> None:
+    """A class with eval records and no train records would be unknown to the label vocabulary
+    (analyzed over train) and fail the evaluation after training: stop before any component."""
+    unseen = split.not_trained
+    if not unseen:
+        return
+    several = len(unseen) != 1
+    raise DataError(
+        f"the TFRecord data in {folder} (config field `data.path`) is split by ExampleGen's hash "
+        f"buckets (`data.train_buckets` {spec.train_buckets} : `data.eval_buckets` "
+        f"{spec.eval_buckets}), which put every record of {len(unseen)} class"
+        f"{'es' if several else ''} of the label {spec.label!r} into the eval split: "
+        f"{name_classes(unseen)}. The model would never learn {'them' if several else 'it'} "
+        "and the evaluation would fail on them after training. Add records of these classes, "
+        "remove them, or export the data as CSV, which `fullthrottle run` splits stratified by "
+        "label (every class keeps a row in train)."
+    )
 
 
 def _check_schema_file(spec: DataSpec) -> None:
@@ -389,8 +483,10 @@ def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
         raise DataError(
             f"`data.path` must be a folder of TFRecord files for format 'tfrecord', got the file {first}"
         )
-    rows = _scan_tfrecords(files)
-    return PreparedData(str(parent), tuple(map(str, files)), tuple(header), rows)
+    split = _scan_tfrecords(files, spec)
+    _check_tfrecord_split(spec, split, parent)
+    rows = split.rows("train") + split.rows("eval")
+    return PreparedData(str(parent), tuple(map(str, files)), tuple(header), rows, split)
 
 
 def prepare_data(config: Config) -> PreparedData:
@@ -413,20 +509,27 @@ def read_input_cells(
     """`(place, cell)` pairs of `columns` in the data ExampleGen read from `input_base`.
 
     For the DataGate, on any runner (tf.io.gfile reads local paths and object stores alike).
-    CSV: every file in the folder, its header split as CsvExampleGen splits it (at commas),
-    places "data.csv line 7". TFRecord: every record of every file, places "part-0.gz record 3";
-    numbers are written as text, bytes decoded as UTF-8. A missing cell or feature is "".
+    CSV: every file of the split folders ExampleGen reads (`train/`, `eval/`), its header split
+    as CsvExampleGen splits it (at commas), places "train/data.csv line 7". TFRecord: every
+    record of every file in the folder, places "part-0.gz record 3"; numbers are written as
+    text, bytes decoded as UTF-8. A missing cell or feature is "".
     """
     import tensorflow as tf
 
-    files = sorted(
-        path
-        for path in tf.io.gfile.glob(os.path.join(input_base, "*"))
-        if not os.path.basename(path).startswith(".") and not tf.io.gfile.isdir(path)
+    # (the prefix of the places, the folder)
+    folders = (
+        [(f"{split}/", os.path.join(input_base, split)) for split in SPLITS]
+        if data_format == "csv"
+        else [("", input_base)]
     )
+    files = [
+        (prefix + os.path.basename(path), path)
+        for prefix, folder in folders
+        for path in sorted(tf.io.gfile.glob(os.path.join(folder, "*")))
+        if not os.path.basename(path).startswith(".") and not tf.io.gfile.isdir(path)
+    ]
     cells: dict[str, list[tuple[str, str]]] = {column: [] for column in columns}
-    for path in files:
-        name = os.path.basename(path)
+    for name, path in files:
         if data_format == "csv":
             with tf.io.gfile.GFile(path, "r") as f:
                 header = f.readline().rstrip("\r\n").split(",")
@@ -447,6 +550,35 @@ def read_input_cells(
             for column in columns:
                 cells[column].append((f"{name} record {number}", _first_value(features, column)))
     return cells
+
+
+def input_label_splits(input_base: str, *, spec: DataSpec) -> SplitSummary:
+    """The label's rows per class and split in the data ExampleGen read from `input_base`: the
+    split folders of CSV input, ExampleGen's hash split of TFRecord input (for the DataGate, which
+    also sees data that `fullthrottle run` did not stage, such as a Kubeflow input folder)."""
+    if spec.format == "csv":
+        cells = read_input_cells(input_base, data_format="csv", columns=[spec.label])
+        return SplitSummary.count(
+            method=SPLIT_FOLDERS,
+            label=spec.label,
+            pairs=((value, place.split("/", 1)[0]) for place, value in cells[spec.label]),
+        )
+    import tensorflow as tf
+
+    pairs = []
+    for path in sorted(tf.io.gfile.glob(os.path.join(input_base, "*"))):
+        if os.path.basename(path).startswith(".") or tf.io.gfile.isdir(path):
+            continue
+        with tf.io.gfile.GFile(path, "rb") as f:
+            compression = "GZIP" if f.read(2) == b"\x1f\x8b" else ""
+        dataset = tf.data.TFRecordDataset([path], compression_type=compression)
+        for record in dataset.as_numpy_iterator():
+            features = tf.train.Example.FromString(record).features.feature
+            split = hash_split(
+                record, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
+            )
+            pairs.append((_first_value(features, spec.label), split))
+    return SplitSummary.count(method=HASH_BUCKETS, label=spec.label, pairs=pairs)
 
 
 def _first_value(features: object, column: str) -> str:

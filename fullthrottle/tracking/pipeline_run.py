@@ -710,7 +710,7 @@ def _dataset_inputs(
     """MLflow `DatasetInput`s for ExampleGen's train and eval splits.
 
     Source: the split's folder. Digest: of what decides the split's content, the input files'
-    content hashes, the split name and the hash-bucket split, so equal data gives equal digests
+    content hashes, the split name and the train : eval shares, so equal data gives equal digests
     across runs and output folders without reading the examples again. Schema: the pipeline's
     (the columns with their types). Profile: the number of rows (StatisticsGen).
     """
@@ -757,7 +757,7 @@ def dataset_digest(
     data_digest: list[list[Any]], split: str, split_config: tuple[int, int] | list[int]
 ) -> str:
     """A split's dataset digest: of the input files' content hashes, the split's name and the
-    hash-bucket split (what decides the split's content)."""
+    train : eval shares (what decides the split's content)."""
     material = json.dumps([data_digest, split, list(split_config)], sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()[:16]
 

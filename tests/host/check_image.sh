@@ -83,8 +83,8 @@ echo "ok: fullthrottle run in the cpu image pushed a model, as uid $owner ($((SE
 
 # --- 3. one compiled Kubeflow task -----------------------------------------------------------
 volume="$work/volume" # what the PVC `fullthrottle` holds, mounted at the spec's /mnt/fullthrottle
-mkdir -p "$volume/data"
-cp "$work/out/run/data/fullthrottle-penguins/data.csv" "$volume/data/data.csv"
+mkdir -p "$volume"
+cp -r "$work/out/run/data/fullthrottle-penguins" "$volume/data" # train/data.csv, eval/data.csv
 start=$SECONDS
 buildah run --isolation chroot -v "$work/out:/work" "$cpu" -- \
     fullthrottle compile --target kubeflow -o /work/spec.yaml >"$work/compile.log" 2>&1 ||

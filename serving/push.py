@@ -207,9 +207,11 @@ def replay_warmup(model_dir: str, records: Sequence[bytes], *, loaded: Any = Non
                 f"the staged model failed warmup record {index} ({request.model_spec.signature_name}): "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}; nothing was pushed"
             ) from exc
-        if "probabilities" not in outputs:
+        # A classifier answers `probabilities`, a regression model `predictions`.
+        if "probabilities" not in outputs and "predictions" not in outputs:
             raise PushError(
-                f"warmup record {index}: the model returned no `probabilities`; nothing was pushed"
+                f"warmup record {index}: the model returned neither `probabilities` nor "
+                "`predictions`; nothing was pushed"
             )
     return len(records)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from fullthrottle.core.bundled import bundled_path
 from fullthrottle.core.config import BUNDLED_PENGUINS, BUNDLED_TEXT, Config, DataSpec
 from fullthrottle.core.data_checks import (
+    Finding,
     check_header_names,
     inspect_labels,
     inspect_numbers,
@@ -218,18 +219,57 @@ def _check_cells(
         if finding is not None:
             findings.append(finding)
     index = header.index(spec.label)
-    labels = inspect_labels(
-        spec.label, ((place, row[index]) for place, row in zip(places, rows, strict=True))
-    )
-    # "merge" merges them below, "keep" keeps them: only "stop" stops.
-    finding = labels.finding(mode=spec.near_duplicate_labels)
-    if finding is not None and spec.near_duplicate_labels == "stop":
-        findings.append(finding)
+    if spec.task == "regression":
+        findings += _regression_label_findings(spec, index, rows, places)
+    else:
+        labels = inspect_labels(
+            spec.label, ((place, row[index]) for place, row in zip(places, rows, strict=True))
+        )
+        # "merge" merges them below, "keep" keeps them: only "stop" stops.
+        finding = labels.finding(mode=spec.near_duplicate_labels)
+        if finding is not None and spec.near_duplicate_labels == "stop":
+            findings.append(finding)
     if findings:
         raise DataError(report(findings, source=source))
 
 
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?\d+\s*")
+
+
+def _regression_label_findings(
+    spec: DataSpec, index: int, rows: list[list[str]], places: list[str]
+) -> list[Finding]:
+    """A regression label (`data.task: regression`) is a number in every row: cells that are
+    not numbers as `data.decimal`/`data.thousands` write them, and rows without a label, are
+    findings naming their lines."""
+    findings = []
+    numbers = inspect_numbers(
+        spec.label,
+        ((place, row[index]) for place, row in zip(places, rows, strict=True)),
+        decimal=spec.decimal,
+        thousands=spec.thousands,
+    )
+    finding = numbers.finding(
+        where="`data.label`",
+        categorical_hint=(
+            "If the label is a class rather than a number, set `data.task: classification`"
+        ),
+    )
+    if finding is not None:
+        findings.append(finding)
+    empty = [place for place, row in zip(places, rows, strict=True) if not row[index].strip()]
+    if empty:
+        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+        findings.append(
+            Finding(
+                spec.label,
+                "`data.label`",
+                f"{len(empty)} rows have no label value ({shown}); a regression model learns "
+                "only from rows with a number to predict",
+                "Remove those rows or fill in their labels.",
+            )
+        )
+    return findings
 
 
 def _normalize_cells(spec: DataSpec, header: list[str], rows: list[list[str]]) -> None:
@@ -240,7 +280,9 @@ def _normalize_cells(spec: DataSpec, header: list[str], rows: list[list[str]]) -
     whole number with ".0": CsvExampleGen infers a column of whole numbers as INT, and the model
     would then take only integers for a measurement that happened to be whole in the sample
     ("215.0" refused where "215" is taken). Written this way every numeric column is FLOAT."""
-    for column in spec.numeric:
+    # A regression label is a number too (checked in _check_cells).
+    regression_label = (spec.label,) if spec.task == "regression" else ()
+    for column in (*spec.numeric, *regression_label):
         index = header.index(column)
         for row in rows:
             cell = row[index]
@@ -253,7 +295,7 @@ def _normalize_cells(spec: DataSpec, header: list[str], rows: list[list[str]]) -
             if _WHOLE_NUMBER.fullmatch(cell):
                 cell = cell.strip() + ".0"
             row[index] = cell
-    if spec.near_duplicate_labels == "merge":
+    if spec.near_duplicate_labels == "merge" and spec.task == "classification":
         index = header.index(spec.label)
         merges = inspect_labels(spec.label, (("", row[index]) for row in rows)).merges()
         for row in rows:
@@ -264,6 +306,8 @@ def _check_label_classes(
     spec: DataSpec, header: list[str], rows: list[list[str]], files: list[Path]
 ) -> None:
     """A classifier needs two classes; one label value throughout is a wrong file or filter."""
+    if spec.task == "regression":  # numbers, checked in _check_cells
+        return
     index = header.index(spec.label)
     classes = {row[index] for row in rows if row[index].strip()}
     if len(classes) < 2:

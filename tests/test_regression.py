@@ -145,6 +145,15 @@ def test_the_run_pushes_and_reports_mae_and_rmse_everywhere(diabetes, pushed):
     assert logged["evaluator/mean_absolute_error"] == pytest.approx(mae, rel=1e-6)
     assert logged["evaluator/root_mean_squared_error"] == pytest.approx(rmse, rel=1e-6)
     assert {"eval/mae", "eval/rmse"} <= set(logged)
+    # `compare` shows the errors as rows of their own.
+    compared = run_cli(
+        "compare", "--config", str(diabetes.config_path), "--output-dir",
+        str(diabetes.output_dir), "--last", "1",
+        "--chart", str(diabetes.output_dir / "compare.png"),
+    )  # fmt: skip
+    assert compared.returncode == 0, compared.stdout + compared.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in compared.stdout.splitlines() if line}
+    assert rows["MAE"] == [f"{mae:.4g}"] and rows["RMSE"] == [f"{rmse:.4g}"], compared.stdout
 
 
 def test_the_pushed_models_signatures_answer_the_same_numbers(pushed):

@@ -7,9 +7,10 @@ column that is not in the data, a label with a single value (nothing to learn), 
 with so many distinct values that it looks like an identifier, a label forced to regression that
 is not numbers, and data with no usable feature left.
 
-The label's task (`label_task`): numbers with fractions, or many distinct numbers (more than 50,
-and at least 5% of the labelled rows or whole numbers spread over a range twice their count), are
-a regression target; anything else is classes. `--task` overrides it.
+The label's task (`label_task`): numbers with fractions, or many distinct numbers (more than
+1,000; or more than 50 that are at least 5% of the labelled rows or whole numbers spread over a
+range twice their count), are a regression target; anything else is classes. `--task` overrides
+it.
 
 The heuristics, in order (the same text is in docs/own-data.md):
 
@@ -257,10 +258,13 @@ def _read_tfrecord_sample(
 # (REGRESSION_MIN_DISTINCT_SHARE) or spread thinly over a wide range of integers (the range at
 # least REGRESSION_SPARSE_RANGE times the number of distinct values). Class ids are few and
 # dense (0 .. K-1); measurements and prices are many or sparse. The rule depends on shares, so it
-# holds the same at 400, 10,000 and 1,000,000 rows.
+# holds the same at 400, 10,000 and 1,000,000 rows; more than REGRESSION_MANY_DISTINCT distinct
+# numbers are a regression target in any case.
 REGRESSION_MIN_DISTINCT = 50
 REGRESSION_MIN_DISTINCT_SHARE = 0.05
 REGRESSION_SPARSE_RANGE = 2
+# More distinct numbers than this are a regression target whatever the row count.
+REGRESSION_MANY_DISTINCT = 1000
 
 
 def label_task(values: list[str]) -> tuple[str, str]:
@@ -279,6 +283,11 @@ def label_task(values: list[str]) -> tuple[str, str]:
     if fractional:
         return "regression", (
             f"numbers with fractions (e.g. {fractional[0]:g}): a quantity to predict, not classes"
+        )
+    if len(distinct) > REGRESSION_MANY_DISTINCT:
+        return "regression", (
+            f"{len(distinct)} distinct numbers in {len(values)} labelled rows: more than "
+            f"{REGRESSION_MANY_DISTINCT} values are a quantity, not classes"
         )
     share = len(distinct) / len(values)
     spread = max(numbers) - min(numbers) + 1

@@ -239,10 +239,9 @@ _WHOLE_NUMBER = re.compile(r"\s*[+-]?\d+\s*")
 def _regression_label_findings(
     spec: DataSpec, index: int, rows: list[list[str]], places: list[str]
 ) -> list[Finding]:
-    """A regression label (`data.task: regression`) is a number in every row: cells that are
-    not numbers as `data.decimal`/`data.thousands` write them, and rows without a label, are
-    findings naming their lines."""
-    findings = []
+    """A regression label (`data.task: regression`) is a number in every row: the cells that are
+    not numbers as `data.decimal`/`data.thousands` write them, and the rows without a label,
+    as one finding naming their lines."""
     numbers = inspect_numbers(
         spec.label,
         ((place, row[index]) for place, row in zip(places, rows, strict=True)),
@@ -255,21 +254,21 @@ def _regression_label_findings(
             "If the label is a class rather than a number, set `data.task: classification`"
         ),
     )
-    if finding is not None:
-        findings.append(finding)
     empty = [place for place, row in zip(places, rows, strict=True) if not row[index].strip()]
-    if empty:
-        shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
-        findings.append(
-            Finding(
-                spec.label,
-                "`data.label`",
-                f"{len(empty)} rows have no label value ({shown}); a regression model learns "
-                "only from rows with a number to predict",
-                "Remove those rows or fill in their labels.",
-            )
-        )
-    return findings
+    if not empty:
+        return [] if finding is None else [finding]
+    shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+    rows_word = "1 row has" if len(empty) == 1 else f"{len(empty)} rows have"
+    missing = (
+        f"{rows_word} no label value ({shown}), and a regression model learns only from rows "
+        "with a number to predict"
+    )
+    fix = "Remove the rows without a label or fill them in."
+    if finding is None:
+        return [Finding(spec.label, "`data.label`", missing, fix)]
+    return [
+        Finding(spec.label, "`data.label`", f"{finding.problem}; {missing}", f"{finding.fix} {fix}")
+    ]
 
 
 def _normalize_cells(spec: DataSpec, header: list[str], rows: list[list[str]]) -> None:

@@ -36,6 +36,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc, regression_pb2
 
 from fullthrottle.bench.serving import free_port, start_server, stop_server
 from fullthrottle.core.config import load_config
+from serving.push import export_tflite
 from serving.signatures import (
     REGRESS_METHOD,
     call_signature,
@@ -156,7 +157,8 @@ def test_the_run_pushes_and_reports_mae_and_rmse_everywhere(diabetes, pushed):
     assert rows["MAE"] == [f"{mae:.4g}"] and rows["RMSE"] == [f"{rmse:.4g}"], compared.stdout
 
 
-def test_the_pushed_models_signatures_answer_the_same_numbers(pushed):
+@pytest.mark.filterwarnings("ignore:(?s).*tf.lite.Interpreter is deprecated:UserWarning")
+def test_the_pushed_models_signatures_answer_the_same_numbers(pushed, tmp_path):
     model, examples = pushed.model, pushed.examples
     assert pushed.predictions.shape == (len(examples),)
     # The served numbers reproduce the Evaluator's MAE on the same eval split.
@@ -175,6 +177,10 @@ def test_the_pushed_models_signatures_answer_the_same_numbers(pushed):
     specs = signature_input_specs(model, "predict_raw")
     raw = call_signature(model, "predict_raw", raw_inputs_from_examples(examples, specs))
     np.testing.assert_allclose(raw["predictions"].numpy(), pushed.predictions, rtol=1e-5)
+    # The TFLite export of the model without Transform agrees (within its tolerance, relative
+    # to the numbers' size).
+    written = export_tflite(pushed.last["pushed_model_dir"], str(tmp_path), quantize=False)
+    assert [Path(p).name for p in written] == ["model_float32.tflite"]
     # The MLflow model: numbers out.
     model_id = pushed.last["tracking"]["model_id"]
     mlflow.set_tracking_uri(pushed.last["tracking"]["uri"])

@@ -392,12 +392,16 @@ def test_init_task_flag_forces_either_way_and_a_non_number_is_named(tmp_path, ca
     assert "'high' is not a number (line 32)" in message
     assert not (tmp_path / "c.yaml").exists()
     numbers = tmp_path / "numbers.csv"
-    numbers.write_text("x,y\n" + "".join(f"{i},{i % 3}\n" for i in range(30)), encoding="utf-8")
-    code, _ = _init(
+    numbers.write_text(
+        "x,y\n" + "".join(f"{i},{i % 3}\n" for i in range(30)) + "30,\n", encoding="utf-8"
+    )
+    code, said = _init(
         capsys, "--data", str(numbers), "--label", "y", "--task", "regression",
         "--output", str(tmp_path / "r.yaml"),
     )  # fmt: skip
     assert code == 0
+    # The row without a label would stop `run`: said at init, with its line.
+    assert "1 of 31 sampled rows have no label value (line 32)" in said
     config = load_config(tmp_path / "r.yaml")
     assert config.data.task == "regression" and config.evaluation.max_mae is not None
     assert "task: regression   # --task regression" in (tmp_path / "r.yaml").read_text()

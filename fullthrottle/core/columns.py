@@ -504,6 +504,20 @@ def infer_columns(
         if finding is not None:
             raise DataError(f"{where}: --task regression needs a label of numbers: {finding}")
         median_mae = median_absolute_error(label_values)
+        unlabelled = [
+            place for place, value in zip(places, columns[label], strict=True) if value is None
+        ]
+        if unlabelled:
+            shown = ", ".join(unlabelled[:5]) + (" ..." if len(unlabelled) > 5 else "")
+            findings.append(
+                Finding(
+                    label,
+                    "`data.label`",
+                    f"{len(unlabelled)} of {rows_sampled} sampled rows have no label value "
+                    f"({shown}); a regression model learns only from rows with a number to predict",
+                    "Remove those rows or fill in their labels.",
+                )
+            )
         floats = [float(v) for v in label_values]
         label_reason = (
             f"a number to predict: {min(floats):g} .. {max(floats):g}, "

@@ -321,8 +321,9 @@ def _check_label_classes(
         raise DataError(
             f"the label column {spec.label!r} (config field `data.label`) of "
             f"{', '.join(map(str, files))} has {len(classes)} distinct values in {present} rows: "
-            "it looks continuous or like an identifier, and fullthrottle trains classifiers. "
-            "Bucket it into classes first, or pick another label column."
+            "too many to be classes (it looks continuous or like an identifier). If it is a "
+            "number to predict, set `data.task: regression` and `evaluation.max_mae`; otherwise "
+            "bucket it into classes first, or pick another label column."
         )
 
 

@@ -9,6 +9,7 @@ import pytest
 from fullthrottle.core.config import load_config
 from fullthrottle.core.errors import DataError
 from fullthrottle.core.staging import STAGED_CSV, prepare_data
+from tests.helpers import REPO
 
 
 def _config(tmp_path, data_path, *extra):
@@ -162,3 +163,18 @@ def test_a_regression_label_is_staged_as_decimals_and_needs_no_classes(tmp_path)
     assert prepare_data(config).rows == 300
     staged = (config.staged_data_dir / STAGED_CSV).read_text().splitlines()
     assert staged[1] == "0.0,100.0", staged[:2]
+
+
+def test_the_bundled_diabetes_config_stages_scikit_learns_data_for_regression(tmp_path):
+    from sklearn.datasets import load_diabetes
+
+    config = load_config(REPO / "configs" / "diabetes.yaml", overrides=[f"output_dir={tmp_path}"])
+    assert config.data.task == "regression" and config.evaluation.max_mae == 65.0
+    prepared = prepare_data(config)
+    assert prepared.rows == 442
+    staged = (config.staged_data_dir / STAGED_CSV).read_text().splitlines()
+    frame = load_diabetes(as_frame=True, scaled=False).frame
+    assert staged[0].split(",") == list(frame.columns)
+    # The label as written by scikit-learn, a decimal throughout (ExampleGen reads FLOAT).
+    labels = [float(line.rsplit(",", 1)[1]) for line in staged[1:]]
+    assert labels == frame["target"].tolist()

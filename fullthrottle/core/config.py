@@ -47,6 +47,7 @@ from trainer_module.training.config import TrainingConfig
 
 BUNDLED_PENGUINS = "palmerpenguins"
 BUNDLED_TEXT = "bundled:text_topics"
+BUNDLED_DIABETES = "bundled:diabetes"
 
 
 @typing.dataclass_transform(frozen_default=True, field_specifiers=(field, Field))

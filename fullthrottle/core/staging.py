@@ -20,7 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fullthrottle.core.bundled import bundled_path
-from fullthrottle.core.config import BUNDLED_PENGUINS, BUNDLED_TEXT, Config, DataSpec
+from fullthrottle.core.config import (
+    BUNDLED_DIABETES,
+    BUNDLED_PENGUINS,
+    BUNDLED_TEXT,
+    Config,
+    DataSpec,
+)
 from fullthrottle.core.data_checks import (
     Finding,
     check_header_names,
@@ -49,7 +55,7 @@ class PreparedData:
 
 
 def source_files(spec: DataSpec) -> list[Path]:
-    if spec.path in (BUNDLED_PENGUINS, BUNDLED_TEXT):
+    if spec.path in (BUNDLED_PENGUINS, BUNDLED_TEXT, BUNDLED_DIABETES):
         return [bundled_path(spec.path)]
     path = Path(spec.path)
     if not path.exists():

@@ -112,13 +112,17 @@ def data_findings(spec: Any, *, input_base: str, schema_types: dict[str, str]) -
 
     columns = [*spec.numeric, spec.label]
     cells = read_input_cells(input_base, data_format=spec.format, columns=columns)
+    # A regression label is a number: checked as the numeric columns are, with no classes.
+    regression = spec.task == "regression"
     findings = gate_findings(
-        numeric=spec.numeric,
+        numeric=(*spec.numeric, spec.label) if regression else spec.numeric,
         label=spec.label,
-        label_mode=spec.near_duplicate_labels,
+        label_mode="keep" if regression else spec.near_duplicate_labels,
         cells=cells,
         types=schema_types,
     )
+    if regression:
+        return findings
     unseen = eval_only_classes(input_label_splits(input_base, spec=spec))
     return [*findings, unseen] if unseen else findings
 

@@ -278,8 +278,14 @@ class TrainerProgress(TrainingHook):
         if self._bar_showing:
             self._emit("")  # end the bar's line
         elapsed = time.monotonic() - self._started
-        accuracy = (result.eval_metrics or {}).get(metrics.EVAL_ACCURACY)
+        evaluated = result.eval_metrics or {}
+        accuracy = evaluated.get(metrics.EVAL_ACCURACY)
         accuracy_text = f", eval accuracy {accuracy:.4f}" if accuracy is not None else ""
+        if metrics.EVAL_MAE in evaluated:  # a regression model
+            accuracy_text = (
+                f", eval MAE {evaluated[metrics.EVAL_MAE]:.4g} "
+                f"RMSE {evaluated[metrics.EVAL_RMSE]:.4g}"
+            )
         self._emit(
             f"[trainer] done: {result.steps_completed} steps in {_format_seconds(elapsed)}, "
             f"examples/s={result.examples_per_second:.0f} (steady state), "

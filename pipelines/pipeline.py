@@ -27,7 +27,12 @@ from components.data_gate import DataGate, ImportSchema, describe_inputs, file_d
 from components.safe_pusher import SafePusher
 from fullthrottle.core.bundled import schema_path_for
 from fullthrottle.core.config import Config
-from fullthrottle.core.evaluation import LATEST_BLESSED, BlessingRule
+from fullthrottle.core.evaluation import (
+    LATEST_BLESSED,
+    PREDICTION_KEYS,
+    REPORTED_METRICS,
+    BlessingRule,
+)
 from fullthrottle.core.features import transformed_name
 from fullthrottle.core.splits import SPLITS
 from fullthrottle.tracking import LINK_KEY
@@ -84,7 +89,12 @@ def eval_config(config: Config, *, with_baseline: bool = True) -> tfma.EvalConfi
     rule = BlessingRule.from_config(config)
     if not with_baseline:
         rule = dataclasses.replace(rule, baseline_tolerance=None)
-    return tfma_eval_config(rule, label_key=transformed_name(config.data.label))
+    return tfma_eval_config(
+        rule,
+        label_key=transformed_name(config.data.label),
+        prediction_key=PREDICTION_KEYS[rule.task],
+        reported=REPORTED_METRICS[rule.task],
+    )
 
 
 def _as_reported(value: float) -> float:

@@ -207,9 +207,11 @@ def replay_warmup(model_dir: str, records: Sequence[bytes], *, loaded: Any = Non
                 f"the staged model failed warmup record {index} ({request.model_spec.signature_name}): "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}; nothing was pushed"
             ) from exc
-        if "probabilities" not in outputs:
+        # A classifier answers `probabilities`, a regression model `predictions`.
+        if "probabilities" not in outputs and "predictions" not in outputs:
             raise PushError(
-                f"warmup record {index}: the model returned no `probabilities`; nothing was pushed"
+                f"warmup record {index}: the model returned neither `probabilities` nor "
+                "`predictions`; nothing was pushed"
             )
     return len(records)
 
@@ -325,14 +327,16 @@ def export_tflite(model_dir: str, target_dir: str, *, quantize: bool) -> list[st
             got = runner(**probe)
             for name, value in expected.items():
                 difference = np.abs(np.asarray(got[name]) - value.numpy())
-                if (
-                    not np.isfinite(got[name]).all()
-                    or difference.max() > TFLITE_CHECK_TOLERANCE[filename]
-                ):
+                # Probabilities are at most 1; a regression model's numbers are in the label's
+                # units, so the tolerance is relative to their size.
+                tolerance = TFLITE_CHECK_TOLERANCE[filename] * max(
+                    1.0, float(np.abs(value.numpy()).max(initial=0.0))
+                )
+                if not np.isfinite(got[name]).all() or difference.max() > tolerance:
                     raise PushError(
                         f"the TFLite model {filename} answers probe inputs differently from the "
                         f"SavedModel (output {name!r}, max difference {np.nanmax(difference)!r}, "
-                        f"tolerance {TFLITE_CHECK_TOLERANCE[filename]}); nothing was pushed "
+                        f"tolerance {tolerance:g}); nothing was pushed "
                         "(set serving.tflite=false to push without TFLite files)"
                     )
             path = os.path.join(target_dir, filename)

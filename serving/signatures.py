@@ -22,6 +22,11 @@ raw features, and three signatures:
   names as keyword arguments (TensorFlow's calling convention); `signature_input_specs` and
   `call_signature` work with the column names. Columns whose names are already safe (lowercase
   ASCII letters, digits, ``_``) are the same in both.
+- For a regression model (``data.task: regression``) the outputs are numbers instead:
+  ``serving_default``, ``predict_raw`` and ``predict_transformed`` answer ``predictions`` float32
+  ``[None]``, and instead of ``classification`` there is ``regression``: TF Serving's regression
+  signature (method ``tensorflow/serving/regress``, for ``:regress`` and gRPC ``Regress``):
+  serialized ``tf.Example`` (``inputs``) -> ``outputs`` float32 ``[None]``.
 - ``raw_input_names`` (a function, not a signature): which column each internal name stands for.
 - ``transform_features``: serialized ``tf.Example`` (label included) -> the transformed features,
   used by the Evaluator to obtain the label.
@@ -62,6 +67,7 @@ from fullthrottle.core.features import (
 
 SERVING_DEFAULT = "serving_default"
 CLASSIFICATION = "classification"
+REGRESSION = "regression"
 PREDICT_RAW = "predict_raw"
 TRANSFORM_FEATURES = "transform_features"
 PREDICT_TRANSFORMED = "predict_transformed"
@@ -93,9 +99,11 @@ class ServingModule(tf.Module):
         label: str,
         features: Sequence[str] | None = None,
         numeric: Sequence[str] = (),
+        task: str = "classification",
     ) -> None:
         super().__init__(name="fullthrottle_serving")
         self.model = model
+        self.regression = task == "regression"
         self.tft_layer = tft_output.transform_features_layer()
         self._raw_spec = raw_serving_spec(tft_output, label, features)
         # The numeric columns `predict_raw` takes as float32 and tf.Examples may carry as either
@@ -110,10 +118,14 @@ class ServingModule(tf.Module):
             for name, feature in tft_output.transformed_feature_spec().items()
             if name != transformed_label
         }
-        class_names = [
-            c.decode("utf-8") if isinstance(c, bytes) else str(c)
-            for c in tft_output.vocabulary_by_name(LABEL_VOCAB)
-        ]
+        class_names = (
+            []
+            if self.regression
+            else [
+                c.decode("utf-8") if isinstance(c, bytes) else str(c)
+                for c in tft_output.vocabulary_by_name(LABEL_VOCAB)
+            ]
+        )
         self.class_names = tf.constant(class_names, dtype=tf.string)
         self.num_classes = len(class_names)
         # Saved with the model: which column each internal predict_raw argument stands for.
@@ -140,9 +152,18 @@ class ServingModule(tf.Module):
         takes tf.Examples."""
         return parse_raw_examples(serialized, self._raw_spec, numeric=self._numeric)
 
+    def _model_outputs(self, transformed: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The model on transformed features: ``probabilities``, or ``predictions`` [None]."""
+        outputs = tf.cast(self.model(dict(transformed), training=False), tf.float32)
+        if self.regression:
+            return {"predictions": tf.reshape(outputs, [-1])}
+        return {"probabilities": outputs}
+
     def _predict(self, raw_features: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         transformed = self.tft_layer(dict(raw_features))
-        probabilities = tf.cast(self.model(transformed, training=False), tf.float32)
+        if self.regression:
+            return self._model_outputs(transformed)
+        probabilities = self._model_outputs(transformed)["probabilities"]
         classes = tf.gather(self.class_names, tf.argmax(probabilities, axis=-1))
         return {"probabilities": probabilities, "classes": classes}
 
@@ -157,6 +178,10 @@ class ServingModule(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])
         def transform_features(examples: tf.Tensor) -> dict[str, tf.Tensor]:
             return self.tft_layer(tf.io.parse_example(examples, full_spec))
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
+        def regression(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+            return {"outputs": self._predict(self.parse_raw_examples(inputs))["predictions"]}
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
         def classification(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -183,13 +208,16 @@ class ServingModule(tf.Module):
 
         @tf.function(input_signature=[transformed_signature])
         def predict_transformed(features: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            return {
-                "probabilities": tf.cast(self.model(dict(features), training=False), tf.float32)
-            }
+            return self._model_outputs(features)
 
+        task_signature = (
+            {REGRESSION: regression.get_concrete_function()}
+            if self.regression
+            else {CLASSIFICATION: classification.get_concrete_function()}
+        )
         return {
             SERVING_DEFAULT: serve_examples.get_concrete_function(),
-            CLASSIFICATION: classification.get_concrete_function(),
+            **task_signature,
             PREDICT_RAW: predict_raw.get_concrete_function(),
             TRANSFORM_FEATURES: transform_features.get_concrete_function(),
             PREDICT_TRANSFORMED: predict_transformed.get_concrete_function(),
@@ -501,21 +529,23 @@ def export_serving_model(
     export_dir: str,
     features: Sequence[str] | None = None,
     numeric: Sequence[str] = (),
+    task: str = "classification",
 ) -> None:
     """Writes the SavedModel with all signatures to `export_dir` (which must not exist yet).
 
     `numeric` names the data spec's numeric columns: numbers in every signature (see the
-    module docstring)."""
-    module = ServingModule(model, tft_output, label, features, numeric)
+    module docstring). `task`: the data spec's task (a regression model answers numbers)."""
+    module = ServingModule(model, tft_output, label, features, numeric, task)
     tf.saved_model.save(module, export_dir, signatures=module.signatures())
     renamed = {
         internal_name(column): column
         for column in module.raw_input_columns
         if internal_name(column) != column
     }
-    finish_signatures(
-        export_dir, methods={CLASSIFICATION: CLASSIFY_METHOD}, input_names={PREDICT_RAW: renamed}
+    methods = (
+        {REGRESSION: REGRESS_METHOD} if module.regression else {CLASSIFICATION: CLASSIFY_METHOD}
     )
+    finish_signatures(export_dir, methods=methods, input_names={PREDICT_RAW: renamed})
 
 
 CLASSIFY_METHOD = "tensorflow/serving/classify"

@@ -284,3 +284,17 @@ def test_config_file_errors_name_the_file(tmp_path):
         load_config(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="unknown preset"):
         load_config(preset="tpu")
+
+
+def test_a_regression_task_needs_a_bar_on_the_error():
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["data.task=regression"])
+    assert "set `evaluation.max_mae`" in str(info.value)
+    config = load_config(overrides=["data.task=regression", "evaluation.max_mae=12.5"])
+    assert config.data.task == "regression" and config.evaluation.max_mae == 12.5
+    assert load_config().data.task == "classification"
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=["data.task=regresion"])
+    assert str(info.value) == (
+        "`data.task` must be 'classification' or 'regression', got 'regresion'"
+    )

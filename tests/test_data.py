@@ -10,6 +10,7 @@ from fullthrottle.core.config import load_config
 from fullthrottle.core.errors import DataError
 from fullthrottle.core.splits import SPLITS
 from fullthrottle.core.staging import STAGED_CSV, prepare_data
+from tests.helpers import REPO
 
 
 def _config(tmp_path, data_path, *extra):
@@ -128,3 +129,63 @@ def test_paths_the_envrun_userland_hides_are_refused_with_the_reason(tmp_path, m
         DataError, match=r"output folder \(`output_dir`\) cannot be used: /opt/runs"
     ):
         prepare_data(config)
+
+
+def test_a_regression_label_must_be_numbers_in_every_row(tmp_path):
+    data = tmp_path / "prices.csv"
+    data.write_text("size,price\n1,10.5\n2,abc\n3,\n4,12\n5,1 200\n", encoding="utf-8")
+    config = _config(
+        tmp_path,
+        data,
+        "data.label=price",
+        "data.numeric=[size]",
+        "data.categorical=[]",
+        "data.task=regression",
+        "evaluation.max_mae=1",
+    )
+    with pytest.raises(DataError) as refused:
+        prepare_data(config)
+    message = " ".join(str(refused.value).split())
+    # Where, what and what to do, in one paragraph, before any component ran.
+    assert "column 'price' (in `data.label`)" in message
+    assert "'abc' is not a number (line 3)" in message
+    assert "Set `data.thousands: ' '`" in message
+    assert "`data.task: classification`" in message
+    assert "1 row has no label value (line 4)" in message
+    assert message.count("column 'price'") == 1, message
+    assert not (config.staged_data_dir / STAGED_CSV).exists()
+
+
+def test_a_regression_label_is_staged_as_decimals_and_needs_no_classes(tmp_path):
+    data = tmp_path / "prices.csv"
+    # One label value only would stop a classifier; a regression label of whole numbers is
+    # written as decimals (so ExampleGen reads it as FLOAT, never INT).
+    rows = "".join(f"{i},{100 + i}\n" for i in range(300))
+    data.write_text("size,price\n" + rows, encoding="utf-8")
+    config = _config(
+        tmp_path,
+        data,
+        "data.label=price",
+        "data.numeric=[size]",
+        "data.categorical=[]",
+        "data.task=regression",
+        "evaluation.max_mae=1",
+    )
+    assert prepare_data(config).rows == 300
+    staged = (config.staged_data_dir / STAGED_CSV).read_text().splitlines()
+    assert staged[1] == "0.0,100.0", staged[:2]
+
+
+def test_the_bundled_diabetes_config_stages_scikit_learns_data_for_regression(tmp_path):
+    from sklearn.datasets import load_diabetes
+
+    config = load_config(REPO / "configs" / "diabetes.yaml", overrides=[f"output_dir={tmp_path}"])
+    assert config.data.task == "regression" and config.evaluation.max_mae == 65.0
+    prepared = prepare_data(config)
+    assert prepared.rows == 442
+    staged = (config.staged_data_dir / STAGED_CSV).read_text().splitlines()
+    frame = load_diabetes(as_frame=True, scaled=False).frame
+    assert staged[0].split(",") == list(frame.columns)
+    # The label as written by scikit-learn, a decimal throughout (ExampleGen reads FLOAT).
+    labels = [float(line.rsplit(",", 1)[1]) for line in staged[1:]]
+    assert labels == frame["target"].tolist()

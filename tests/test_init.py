@@ -14,7 +14,8 @@ import tensorflow as tf
 import yaml
 
 from fullthrottle.cli import main
-from fullthrottle.commands.init import majority_threshold
+from fullthrottle.commands.init import majority_threshold, max_mae_bar
+from fullthrottle.core.columns import label_task
 from fullthrottle.core.config import load_config
 from serving.signatures import call_signature, signature_input_specs
 from tests.helpers import last_run
@@ -339,3 +340,79 @@ def test_the_command_init_prints_trains_where_bin_envrun_shows_data_only_when_na
     assert code == 0 and message.endswith("then train: bin/envrun fullthrottle run --config e.yaml")
     # The steps init writes are the config's own default.
     assert load_config(work / "e.yaml").training.train_steps == TrainingConfig().train_steps
+
+
+# --- the label's task ---------------------------------------------------------------------------
+def _numbers(values) -> list[str]:
+    return [repr(float(v)) if isinstance(v, float) else str(v) for v in values]
+
+
+@pytest.mark.parametrize(
+    ("values", "task", "why"),
+    [
+        # The diabetes target (442 rows, 214 distinct whole numbers written as 151.0).
+        ([f"{25 + (i * 7) % 214}.0" for i in range(442)], "regression", "214 distinct numbers"),
+        # 10,000 rows, 150 distinct values with fractions: a measurement.
+        (_numbers([round(i % 150 * 0.37, 2) for i in range(10_000)]), "regression", "fractions"),
+        # 10,000 rows, 150 distinct whole prices over a wide range (1.5% of the rows).
+        ([str(1000 + 37 * (i % 150)) for i in range(10_000)], "regression", "spread over"),
+        # 1,000,000 rows of 10,000 distinct whole numbers 0 .. 9999 (1%, dense).
+        ([str(i % 10_000) for i in range(1_000_000)], "regression", "10000 distinct numbers"),
+        # Class ids: 100 dense ids over 1,000,000 rows; 3 ids over 300 rows; names.
+        ([str(i % 100) for i in range(1_000_000)], "classification", "100 distinct values"),
+        ([str(i % 3) for i in range(300)], "classification", "3 distinct values"),
+        (["Adelie", "Gentoo"] * 200, "classification", "not every label is a number"),
+    ],
+    ids=["diabetes", "10k-fractions", "10k-prices", "1M-dense-wide", "1M-ids", "3-ids", "names"],
+)
+def test_the_labels_task_follows_a_rule_that_holds_at_any_row_count(values, task, why):
+    decided, reason = label_task(values)
+    assert decided == task, reason
+    assert why in reason, reason
+
+
+def test_max_mae_bar_is_the_medians_error_rounded_down_to_four_digits():
+    assert max_mae_bar(65.04751) == 65.04
+    assert max_mae_bar(0.0123456) == 0.01234
+    assert max_mae_bar(123456.0) == 123400.0
+    assert max_mae_bar(65.04) == 65.04  # exact values stay
+
+
+def test_init_task_flag_forces_either_way_and_a_non_number_is_named(tmp_path, capsys):
+    data = tmp_path / "scores.csv"
+    data.write_text(
+        "x,y\n" + "".join(f"{i},{i % 3}\n" for i in range(30)) + "30,high\n", encoding="utf-8"
+    )
+    code, message = _init(
+        capsys, "--data", str(data), "--label", "y", "--task", "regression",
+        "--output", str(tmp_path / "c.yaml"),
+    )  # fmt: skip
+    assert code == 2
+    assert "--task regression needs a label of numbers" in message
+    assert "'high' is not a number (line 32)" in message
+    assert not (tmp_path / "c.yaml").exists()
+    numbers = tmp_path / "numbers.csv"
+    numbers.write_text(
+        "x,y\n" + "".join(f"{i},{i % 3}\n" for i in range(30)) + "30,\n", encoding="utf-8"
+    )
+    code, said = _init(
+        capsys, "--data", str(numbers), "--label", "y", "--task", "regression",
+        "--output", str(tmp_path / "r.yaml"),
+    )  # fmt: skip
+    assert code == 0
+    # The row without a label would stop `run`: said at init, with its line.
+    assert "1 of 31 sampled rows have no label value (line 32)" in said
+    config = load_config(tmp_path / "r.yaml")
+    assert config.data.task == "regression" and config.evaluation.max_mae is not None
+    assert "task: regression   # --task regression" in (tmp_path / "r.yaml").read_text()
+    assert load_config(tmp_path / "r.yaml").evaluation.accuracy_threshold == 0.8  # unused default
+    # Fractional numbers would be a regression target; --task classification keeps classes.
+    halves = tmp_path / "halves.csv"
+    halves.write_text("x,y\n" + "".join(f"{i},{i % 4 / 2}\n" for i in range(40)), encoding="utf-8")
+    assert label_task([str(i % 4 / 2) for i in range(40)])[0] == "regression"
+    code, _ = _init(
+        capsys, "--data", str(halves), "--label", "y", "--task", "classification",
+        "--output", str(tmp_path / "k.yaml"),
+    )  # fmt: skip
+    assert code == 0
+    assert load_config(tmp_path / "k.yaml").data.task == "classification"

@@ -4,6 +4,7 @@ on and FLOP-counted by the bench, with no other change. And the registry's own r
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import keras
@@ -169,3 +170,28 @@ def test_auto_is_decided_by_the_registry_and_sections_keep_their_defaults():
         and not changed.models["transformer"].fused_kernels
     )
     assert config.models["transformer"].fused_kernels  # the original is unchanged (frozen)
+
+
+@pytest.mark.parametrize(
+    "classifier_inputs", [tabular_inputs, text_inputs], ids=["tabular", "text"]
+)
+def test_every_model_gets_a_regression_head_in_float32(classifier_inputs):
+    classes = classifier_inputs()
+    inputs = dataclasses.replace(
+        classes, task="regression", num_classes=1, label_mean=150.0, label_std=75.0
+    )
+    config = TrainingConfig(models={"transformer": {"layers": 1, "d_model": 16, "heads": 2}})
+    model = build_model(inputs, config, "mixed_bfloat16", training=True)
+    head = model.get_layer("prediction")
+    assert head.dtype_policy.name == "float32"
+    assert model.get_layer("prediction_standardized").dtype_policy.name == "float32"
+    assert tuple(model.output.shape) == (None, 1) and model.output.dtype == "float32"
+    # The head predicts label_mean + label_std x its unit: a zero unit answers the mean.
+    unit = model.get_layer("prediction_standardized")
+    unit.set_weights([np.zeros_like(w) for w in unit.get_weights()])
+    batch = {name: np.zeros((2, *spec.shape[1:]), spec.dtype) for name, spec in model.input.items()}
+    np.testing.assert_array_equal(model(batch).numpy(), [[150.0], [150.0]])
+    # One output unit instead of the classes in the FLOP count.
+    name = config.resolved_model(inputs)
+    flops = MODELS[name].forward_flops(inputs, config.model_options(name), config)
+    assert flops < MODELS[name].forward_flops(classes, config.model_options(name), config)

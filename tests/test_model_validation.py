@@ -109,6 +109,35 @@ def test_a_lower_is_better_metric_gets_an_upper_bound_and_the_opposite_direction
     assert "worse by 0.2500 (lower is better)" in reason, reason
 
 
+def test_a_regression_config_is_judged_on_mae_with_an_upper_bound_and_lower_is_better():
+    config = load_config(
+        overrides=[
+            "data.task=regression",
+            "evaluation.max_mae=45.5",
+            "evaluation.baseline_tolerance=0.5",
+        ]
+    )
+    rule = BlessingRule.from_config(config)
+    assert (rule.metric.key, rule.bound, rule.worst_change) == ("mean_absolute_error", 45.5, 0.5)
+    tfma_config = eval_config(config)
+    (spec,) = tfma_config.model_specs
+    assert spec.prediction_key == "predictions" and spec.label_key == "species_xf"
+    names = [m.class_name for m in tfma_config.metrics_specs[0].metrics]
+    assert {"MeanAbsoluteError", "RootMeanSquaredError"} <= set(names)
+    assert "SparseCategoricalAccuracy" not in names
+    mae = "mean_absolute_error"
+    # The bar is an upper bound, applied as written.
+    assert _verdict(tfma_config, mae, 45.5, None) == (True, [])
+    assert _verdict(tfma_config, mae, 45.6, None) == (False, ["value"])
+    # Against the baseline: a smaller error is better; worse by more than the tolerance fails.
+    assert _verdict(tfma_config, mae, 30.0, 40.0) == (True, [])
+    assert _verdict(tfma_config, mae, 40.4, 40.0) == (True, [])
+    assert _verdict(tfma_config, mae, 41.0, 40.0) == (False, ["change"])
+    reason = explain(rule, candidate=41.0, baseline=40.0, missed_bound=False, missed_baseline=True)
+    assert "worse by 1.0000 (lower is better)" in reason, reason
+    assert "evaluation.max_mae (at most 45.5)" in reason
+
+
 def test_the_reason_names_both_values_and_the_rule_that_decided():
     rule = BlessingRule.from_config(load_config(overrides=["evaluation.baseline_tolerance=0.02"]))
     assert rule.bound == 0.8 and rule.worst_change == pytest.approx(-0.02)

@@ -24,13 +24,14 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 import tensorflow_transform as tft
-from sklearn.datasets import load_iris
+from sklearn.datasets import load_diabetes, load_iris
 
 from fullthrottle.core.config import load_config
 from fullthrottle.core.errors import DataError
 from fullthrottle.core.features import LABEL_VOCAB
 from fullthrottle.core.splits import (
     SPLITS,
+    STRATIFIED_RANGE,
     eval_rows_for,
     hash_split,
     row_key,
@@ -361,3 +362,43 @@ def test_the_gate_stops_on_eval_rows_of_a_class_train_lacks(tmp_path):
     ) in message
     assert "copy both split folders, `train/` and `eval/`" in message
     assert "Transform and Trainer did not run" in message
+
+
+def test_a_regression_label_is_split_by_ranges_of_its_values(tmp_path):
+    """scikit-learn's diabetes target (442 rows, 214 distinct values): stratified by value, most
+    values would be one-row classes kept in train; by ranges, eval gets its share of every part
+    of the label's range and no class is named."""
+    frame = load_diabetes(as_frame=True).frame
+    data = tmp_path / "diabetes.csv"
+    frame.to_csv(data, index=False)
+    features = [column for column in frame.columns if column != "target"]
+    config = load_config(
+        overrides=[
+            f"output_dir={tmp_path / 'out'}",
+            f"data.path={data}",
+            "data.label=target",
+            "data.task=regression",
+            "evaluation.max_mae=70",
+            f"data.numeric={features}",
+            "data.categorical=[]",
+        ]
+    )
+    prepared = prepare_data(config)
+    staged = {}
+    for split in SPLITS:
+        with (config.staged_data_dir / split / STAGED_CSV).open(newline="", encoding="utf-8") as f:
+            staged[split] = sorted(float(row["target"]) for row in csv.DictReader(f))
+    assert len(staged["train"]) + len(staged["eval"]) == 442
+    # 22 runs of 20 sorted values give 5 each to eval (a quarter, 3 : 1); the last run of 2
+    # rows gives its half row rounded up.
+    assert len(staged["eval"]) == 22 * 5 + 1
+    assert prepared.split.method == STRATIFIED_RANGE
+    # Every fifth of the range has its quarter in eval (within one run of 20 values).
+    values = sorted(frame["target"])
+    for fifth in range(5):
+        low, high = values[fifth * 88], values[(fifth + 1) * 88 - 1]
+        inside = sum(low <= value <= high for value in staged["eval"])
+        assert 22 - 5 <= inside <= 22 + 5, (fifth, inside)
+    assert prepared.split.not_evaluated == {} and prepared.split.rare_classes_message() is None
+    assert "regression label" in prepared.split.describe()
+    assert prepared.split.to_dict()["classes"] is None

@@ -336,3 +336,97 @@ def test_input_wait_fraction_is_measured_not_guessed():
         fast_fraction,
         slow_fraction,
     )
+
+
+# --- regression --------------------------------------------------------------------------------
+def _regression_records(directory, rows: int, seed: int) -> tuple[list[str], np.ndarray]:
+    """Transform-shaped records whose float32 label is a known function of the features, far
+    from 0 (mean ~100): y = 100 + 20 (x0 - x1 / 2) + 5 (cat - 2)."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(str(directory), "part-00000.tfrecord.gz")
+    labels = []
+    with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+        for _ in range(rows):
+            x = rng.normal(size=3).astype(np.float32)
+            cat = int(rng.integers(5))
+            y = np.float32(100 + 20 * (x[0] - 0.5 * x[1]) + 5 * (cat - 2))
+            labels.append(y)
+            feature = {
+                **{
+                    f"x{i}": tf.train.Feature(float_list=tf.train.FloatList(value=[x[i]]))
+                    for i in range(3)
+                },
+                "cat": tf.train.Feature(int64_list=tf.train.Int64List(value=[cat])),
+                "label": tf.train.Feature(float_list=tf.train.FloatList(value=[y])),
+            }
+            example = tf.train.Example(features=tf.train.Features(feature=feature))
+            writer.write(example.SerializeToString())
+    return [path], np.array(labels, np.float64)
+
+
+@pytest.mark.parametrize(
+    ("precision", "loss"), [("float32", "mse"), ("mixed_float16", "huber")], ids=["mse", "huber16"]
+)
+def test_regression_head_learns_a_number_and_reports_mae_and_rmse(tmp_path, precision, loss):
+    from trainer_module.run import label_statistics
+    from trainer_module.training import ModelInputs
+
+    train_files, train_labels = _regression_records(tmp_path / "train", 1024, seed=0)
+    eval_files, eval_labels = _regression_records(tmp_path / "eval", 256, seed=1)
+    # The head's scale: the training labels' mean and standard deviation, read from the files.
+    mean, std = label_statistics(train_files, "label")
+    assert mean == pytest.approx(train_labels.mean(), rel=1e-5)
+    assert std == pytest.approx(train_labels.std(), rel=1e-4)
+    inputs = ModelInputs(
+        numeric=("x0", "x1", "x2"),
+        categorical={"cat": 5},
+        label="label",
+        task="regression",
+        label_mean=mean,
+        label_std=std,
+    )
+    spec = {f"x{i}": tf.io.FixedLenFeature([], tf.float32) for i in range(3)}
+    spec["cat"] = tf.io.FixedLenFeature([], tf.int64)
+    spec["label"] = tf.io.FixedLenFeature([], tf.float32)
+    result = train(
+        config=TrainingConfig(
+            per_replica_batch_size=32,
+            train_steps=300,
+            steps_per_loop=50,
+            learning_rate=5e-3,
+            models={"tabular": {"hidden_units": (32,)}},
+            dropout_rate=0.0,
+            precision=precision,
+            regression_loss=loss,
+            huber_delta=5.0,
+        ),
+        model_inputs=inputs,
+        feature_spec=spec,
+        train_files=train_files,
+        eval_files=eval_files,
+        work_dir=str(tmp_path / "work"),
+    )
+    _loss_fell(result, factor=0.5)
+    metrics = result.eval_metrics
+    assert set(metrics) == {"loss", "mae", "rmse", "examples"}
+    assert metrics["examples"] == 256
+    # Always answering the mean would be off by ~19 on average; the model learned the relation.
+    trivial = float(np.mean(np.abs(eval_labels - train_labels.mean())))
+    assert metrics["mae"] < 0.25 * trivial, (metrics, trivial)
+    assert metrics["mae"] <= metrics["rmse"]
+    # The serving twin: float32 [batch, 1] numbers in the label's units, matching the eval MAE.
+    serving = result.serving_model
+    assert all(layer.dtype_policy.name == "float32" for layer in serving.layers)
+    assert result.model.get_layer("prediction").dtype_policy.name == "float32"
+    batch = next(
+        iter(
+            tf.data.TFRecordDataset(eval_files, compression_type="GZIP")
+            .batch(256)
+            .map(lambda r: tf.io.parse_example(r, spec))
+        )
+    )
+    predicted = serving({k: batch[k] for k in ("x0", "x1", "x2", "cat")})
+    assert predicted.dtype == tf.float32 and tuple(predicted.shape) == (256, 1)
+    mae = float(np.mean(np.abs(predicted.numpy()[:, 0] - eval_labels)))
+    assert mae == pytest.approx(metrics["mae"], rel=1e-3)

@@ -25,8 +25,12 @@ from serving.signatures import export_serving_model
 from trainer_module.training import SUMMARY_FILE, ModelInputs, TrainingConfig, train
 
 
-def model_inputs_from(spec: Any, tft_output: tft.TFTransformOutput) -> ModelInputs:
-    """Describes Transform's output (names, cardinalities, sequence lengths) for the model."""
+def model_inputs_from(
+    spec: Any, tft_output: tft.TFTransformOutput, train_files: list[str] | None = None
+) -> ModelInputs:
+    """Describes Transform's output (names, cardinalities, sequence lengths) for the model; for
+    a regression label also the training labels' mean and standard deviation (read from
+    `train_files`, the transformed training split), which scale the model's output."""
     categorical = {
         transformed_name(c): tft_output.vocabulary_size_by_name(vocab_name(c)) + NUM_OOV_BUCKETS
         for c in spec.categorical
@@ -39,13 +43,52 @@ def model_inputs_from(spec: Any, tft_output: tft.TFTransformOutput) -> ModelInpu
         )
         for t in spec.text
     }
+    label = transformed_name(spec.label)
+    if spec.task == "regression":
+        mean, std = label_statistics(train_files or [], label)
+        task: dict[str, Any] = {
+            "task": "regression",
+            "num_classes": 1,
+            "label_mean": mean,
+            "label_std": std,
+        }
+    else:
+        task = {"num_classes": tft_output.vocabulary_size_by_name(LABEL_VOCAB)}
     return ModelInputs(
         numeric=tuple(transformed_name(c) for c in spec.numeric),
         categorical=categorical,
         text=text,
-        label=transformed_name(spec.label),
-        num_classes=tft_output.vocabulary_size_by_name(LABEL_VOCAB),
+        label=label,
+        **task,
     )
+
+
+def label_statistics(files: list[str], label: str) -> tuple[float, float]:
+    """Mean and standard deviation of the float32 `label` over gzip TFRecords of transformed
+    examples (one pass that parses the label alone); (0, 1) without files, std 1 for a
+    constant label."""
+    if not files:
+        return 0.0, 1.0
+    dataset = (
+        tf.data.TFRecordDataset(files, compression_type="GZIP")
+        .batch(4096)
+        .map(
+            lambda records: tf.io.parse_example(
+                records, {label: tf.io.FixedLenFeature([], tf.float32)}
+            )[label]
+        )
+    )
+    count, total, squares = 0.0, 0.0, 0.0
+    for values in dataset.as_numpy_iterator():
+        values = values.astype("float64")
+        count += values.size
+        total += float(values.sum())
+        squares += float((values * values).sum())
+    if not count:
+        return 0.0, 1.0
+    mean = total / count
+    variance = max(squares / count - mean * mean, 0.0)
+    return mean, (variance**0.5 if variance > 0 else 1.0)
 
 
 def _expand(patterns: list[str]) -> list[str]:
@@ -74,11 +117,11 @@ def run_fn(fn_args: Any) -> None:
     )
 
     tft_output = tft.TFTransformOutput(fn_args.transform_output)
-    model_inputs = model_inputs_from(spec, tft_output)
-    feature_spec = tft_output.transformed_feature_spec()
-
     train_files = _expand(list(fn_args.train_files))
     eval_files = _expand(list(fn_args.eval_files))
+    model_inputs = model_inputs_from(spec, tft_output, train_files)
+    feature_spec = tft_output.transformed_feature_spec()
+
     work_dir = stable_work_dir(
         fn_args,
         key_material={
@@ -113,6 +156,7 @@ def run_fn(fn_args: Any) -> None:
         export_dir=fn_args.serving_model_dir,
         features=spec.feature_columns,
         numeric=spec.numeric,
+        task=spec.task,
     )
     # TensorBoard logs (and a profile, if captured) belong to this execution's model_run artifact.
     for name in ("logs", "profile"):

@@ -10,7 +10,9 @@ about penguins. What each column kind becomes:
 - text: lower-cased, split into words (whitespace) or Unicode characters (so CJK text works),
   truncated to `max_tokens`, vocabulary of the `vocab_size` most frequent tokens plus one OOV
   bucket, ids shifted by one so that 0 is padding -> int64 [max_tokens].
-- label: vocabulary (no OOV bucket) -> int64 class id; the vocabulary file names the classes.
+- label: classification (`data.task`): vocabulary (no OOV bucket) -> int64 class id; the
+  vocabulary file names the classes. Regression: the number as it is -> float32 (no vocabulary;
+  staging refuses rows without one).
 """
 
 from __future__ import annotations
@@ -148,6 +150,11 @@ def preprocessing_fn(
         outputs[transformed_name(column)] = _categorical(inputs[column], column)
     for column in spec.text:
         outputs[transformed_name(column.name)] = _text(inputs[column.name], column)
+    if spec.task == "regression":
+        outputs[transformed_name(spec.label)] = _dense_scalar(
+            _to_float(inputs[spec.label]), default=float("nan")
+        )
+        return outputs
     label = _dense_scalar(_as_strings(inputs[spec.label]), default="")
     outputs[transformed_name(spec.label)] = tft.compute_and_apply_vocabulary(
         label, num_oov_buckets=0, vocab_filename=LABEL_VOCAB

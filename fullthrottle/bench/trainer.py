@@ -101,7 +101,14 @@ class OurLoop:
             setup = set_up(config, data.model_inputs)
             self.strategy, self.policy = setup.strategy, setup.policy_name
             self.batch, self.model = setup.batch, setup.model
-            self.loop = TrainLoop(self.strategy, self.model, setup.optimizer, config, self.batch)
+            self.loop = TrainLoop(
+                self.strategy,
+                self.model,
+                setup.optimizer,
+                config,
+                self.batch,
+                regression=data.model_inputs.regression,
+            )
 
         def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
             ds = make_dataset(

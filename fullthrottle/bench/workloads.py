@@ -90,7 +90,7 @@ def training_data_from_run(mlmd_path: str, spec: DataSpec, *, name: str) -> Trai
         examples_uri=examples_uri,
         feature_spec=dict(tft_output.transformed_feature_spec()),
         schema=tft_output.transformed_metadata.schema,
-        model_inputs=model_inputs_from(spec, tft_output),
+        model_inputs=model_inputs_from(spec, tft_output, list(files)),
     )
 
 

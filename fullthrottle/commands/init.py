@@ -55,7 +55,17 @@ def register(sub: Any) -> argparse.ArgumentParser:
         help="a CSV file, or a folder of CSV or TFRecord files",
     )
     parser.add_argument(
-        "--label", required=True, metavar="COLUMN", help="the column to predict (a class)"
+        "--label",
+        required=True,
+        metavar="COLUMN",
+        help="the column to predict (a class, or a number for regression)",
+    )
+    parser.add_argument(
+        "--task",
+        choices=("classification", "regression"),
+        default=None,
+        help="what the label is, whatever the sample suggests (default: decided from the label's "
+        "values: many distinct or fractional numbers are a regression target)",
     )
     parser.add_argument(
         "--text",
@@ -112,10 +122,6 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         data_path = os.path.relpath(inference.path.resolve(), config_path.resolve().parent)
     except ValueError:  # another drive (Windows): keep it absolute
         data_path = str(inference.path.resolve())
-    majority_share = inference.majority_fraction
-    # The bar to be pushed: at least as accurate as always answering the most frequent class,
-    # rounded up (never down: a bar below that share would bless the trivial model).
-    threshold = majority_threshold(inference.label_classes)
     label_report = inference.report(inference.label)
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
@@ -151,8 +157,11 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         "  # A CSV file or folder of CSVs, or a folder of TFRecord files; relative to this file.",
         f"  path: {_scalar(data_path)}",
         f"  format: {inference.format}",
-        "  # The column to predict; each distinct value is a class.",
+        "  # The column to predict.",
         f"  label: {_scalar(inference.label)}   # {_comment(label_report.reason)}",
+        "  # classification: each distinct label value is a class; regression: the label is a",
+        "  # number to predict (squared-error loss; judged on mean absolute error).",
+        f"  task: {inference.task}   # {_comment(inference.task_reason)}",
         "  # numeric: every present cell is a number. Missing cells get the training mean, then",
         "  # each column is scaled to mean 0, variance 1.",
     ]
@@ -221,10 +230,7 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         "  strategy: auto",
         "",
         "evaluation:",
-        "  # The model is pushed only if its eval accuracy reaches this. Set by init to the share of",
-        f"  # the most frequent class in the sample ({majority_share:.1%}): the model must do at least as",
-        "  # well as always answering that class. Raise it once you know what is achievable.",
-        f"  accuracy_threshold: {threshold}",
+        *_bar_lines(inference),
         "  # And, once a model of this pipeline was blessed, no worse than that model by more than",
         "  # baseline_tolerance (latest_blessed; none: the bar alone).",
         "  baseline: latest_blessed",
@@ -232,6 +238,40 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def max_mae_bar(median_mae: float) -> float:
+    """The error of always answering the median, rounded down to 4 significant digits in exact
+    arithmetic (never up: a bar above it would bless a model no better than the trivial one
+    by more than the rounding)."""
+    if median_mae <= 0:
+        return 0.0
+    exponent = math.floor(math.log10(median_mae)) - 3
+    step = Fraction(10) ** exponent
+    return float(math.floor(Fraction(median_mae) / step) * step)
+
+
+def _bar_lines(inference: Any) -> list[str]:
+    """The evaluation section's absolute bar, with the comment saying where it comes from."""
+    if inference.task == "regression":
+        bar = max_mae_bar(inference.median_mae)
+        return [
+            "  # The model is pushed only if its eval mean absolute error (in the label's units) is",
+            "  # at most this. Set by init to the error of always answering the sample's median",
+            f"  # label ({inference.median_mae:.6g}): the model must do at least as well as that.",
+            "  # Lower it once you know what is achievable.",
+            f"  max_mae: {bar!r}",
+        ]
+    majority_share = inference.majority_fraction
+    # The bar to be pushed: at least as accurate as always answering the most frequent class,
+    # rounded up (never down: a bar below that share would bless the trivial model).
+    threshold = majority_threshold(inference.label_classes)
+    return [
+        "  # The model is pushed only if its eval accuracy reaches this. Set by init to the share of",
+        f"  # the most frequent class in the sample ({majority_share:.1%}): the model must do at least as",
+        "  # well as always answering that class. Raise it once you know what is achievable.",
+        f"  accuracy_threshold: {threshold}",
+    ]
 
 
 def train_arguments(inference: Any, config_file: str | Path) -> list[str]:
@@ -265,7 +305,11 @@ def run(args: argparse.Namespace) -> int:
     if sample_rows < 2:
         raise ConfigError(f"--sample-rows must be >= 2, got {sample_rows}")
     inference = infer_columns(
-        args.data, label=args.label, text_columns=tuple(args.text), sample_rows=sample_rows
+        args.data,
+        label=args.label,
+        text_columns=tuple(args.text),
+        sample_rows=sample_rows,
+        task=getattr(args, "task", None),
     )
     text = render_config(inference, config_path=output)
     output.parent.mkdir(parents=True, exist_ok=True)

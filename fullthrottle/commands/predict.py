@@ -14,7 +14,7 @@ Serving's PredictionService through tensorflow-serving-api.
 
 The text output names each probability's class: the class names, in the order of the
 probabilities, come from the model's ``classification`` signature (every class name), asked
-once with the first example.
+once with the first example. A regression model's answer is one number per line.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def register(sub: Any) -> argparse.ArgumentParser:
         description=(
             "Reads CSV (header row; the label column is ignored) or JSON, sends it to a TF Serving "
             "REST API (fullthrottle serve, TF Serving, KServe) or TF Serving's gRPC API, and prints "
-            "one line per example: the class and the class probabilities."
+            "one line per example: the class and the class probabilities (a regression model: the "
+            "number)."
         ),
         epilog=(
             "Examples:\n"
@@ -355,6 +356,8 @@ def predict_grpc(
                 f"gRPC Predict at {target} failed: {exc.code().name}: {exc.details()}"
             ) from None
     outputs = {name: tf.make_ndarray(proto) for name, proto in response.outputs.items()}
+    if "predictions" in outputs:  # a regression model: one number per example
+        return {"predictions": [float(v) for v in outputs["predictions"].tolist()]}
     probabilities = outputs["probabilities"].tolist()
     classes = [c.decode() for c in outputs["classes"].tolist()]
     return {
@@ -439,8 +442,11 @@ def class_names(
         return None
 
 
-def row_text(row: dict[str, Any], names: list[str] | None) -> str:
-    """One prediction as a line: the class, then each class name with its probability."""
+def row_text(row: Any, names: list[str] | None) -> str:
+    """One prediction as a line: the class, then each class name with its probability; a
+    regression model's number as it is."""
+    if isinstance(row, (int, float)) and not isinstance(row, bool):
+        return repr(float(row))
     probabilities = row.get("probabilities", [])
     if names is not None and len(names) == len(probabilities):
         shown = " ".join(f"{name}={p:.4f}" for name, p in zip(names, probabilities, strict=True))
@@ -453,6 +459,8 @@ def _rows(response: dict[str, Any]) -> list[dict[str, Any]]:
     if "predictions" in response:
         return list(response["predictions"])
     outputs = response.get("outputs") or {}
+    if isinstance(outputs, list):  # the columnar answer of a model with one output: numbers
+        return list(outputs)
     classes, probabilities = outputs.get("classes", []), outputs.get("probabilities", [])
     return [{"classes": c, "probabilities": p} for c, p in zip(classes, probabilities, strict=True)]
 
@@ -500,7 +508,8 @@ def run(args: argparse.Namespace) -> int:
     if args.output == "json":
         print(json.dumps(rows))
     else:
-        example = first_example(body) if rows else None
+        # Class names for a classifier's rows; a regression model's rows are numbers.
+        example = first_example(body) if rows and isinstance(rows[0], dict) else None
         names = (
             class_names(
                 example,

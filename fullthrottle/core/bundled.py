@@ -8,16 +8,22 @@
   (and character tokenization of CJK text) runs end to end. It is generated here
   deterministically: regenerate it with `python -m fullthrottle.core.bundled`; a test checks
   the shipped file matches this code.
+- `bundled:diabetes`: scikit-learn's diabetes data (`sklearn.datasets.load_diabetes`, shipped
+  inside the scikit-learn package: 442 patients, ten measurements in their own units, and the
+  disease progression a year later, a number from 25 to 346), a regression target
+  (`configs/diabetes.yaml`). Written to a CSV in the temp folder when a run asks for it.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import os
 import random
+import tempfile
 from pathlib import Path
 
-from fullthrottle.core.config import BUNDLED_PENGUINS, BUNDLED_TEXT, DataSpec
+from fullthrottle.core.config import BUNDLED_DIABETES, BUNDLED_PENGUINS, BUNDLED_TEXT, DataSpec
 from fullthrottle.core.errors import DataError
 
 BUNDLED_DATA_DIR = Path(__file__).resolve().parent / "bundled_data"
@@ -105,9 +111,35 @@ def bundled_path(name: str) -> Path:
         return Path(palmerpenguins.__file__).parent / "data" / "penguins.csv"
     if name == BUNDLED_TEXT:
         return text_topics_path()
+    if name == BUNDLED_DIABETES:
+        return diabetes_csv_path()
     raise DataError(
-        f"unknown bundled dataset {name!r}; bundled ones are {BUNDLED_PENGUINS!r} and {BUNDLED_TEXT!r}"
+        f"unknown bundled dataset {name!r}; bundled ones are {BUNDLED_PENGUINS!r}, "
+        f"{BUNDLED_TEXT!r} and {BUNDLED_DIABETES!r}"
     )
+
+
+def diabetes_csv() -> str:
+    """scikit-learn's diabetes data as CSV text: the ten measurements in their own units (not
+    scikit-learn's scaled copy), then `target`. Read from the installed package, never
+    downloaded; the same scikit-learn gives the same bytes."""
+    from sklearn.datasets import load_diabetes
+
+    return load_diabetes(as_frame=True, scaled=False).frame.to_csv(index=False)
+
+
+def diabetes_csv_path() -> Path:
+    """`diabetes_csv` written to a file of its own in the temp folder (rewritten only when its
+    content differs), for staging to read as it reads any CSV."""
+    text = diabetes_csv()
+    folder = Path(tempfile.gettempdir()) / f"fullthrottle-bundled-{os.getuid()}"
+    folder.mkdir(exist_ok=True)
+    path = folder / "diabetes.csv"
+    if not path.exists() or path.read_text(encoding="utf-8") != text:
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, path)
+    return path
 
 
 def schema_path_for(spec: DataSpec) -> str | None:

@@ -3,8 +3,14 @@
 Owns: reading a sample (the first `sample_rows` rows of a CSV file, or records of a TFRecord
 folder), deciding per column, and explaining each decision in one line. Refuses (with a
 `DataError` naming the file and column): a file that is not comma-separated UTF-8 text, a label
-column that is not in the data, a label with a single value (nothing to classify) or with so many
-distinct values that it looks continuous, and data with no usable feature left.
+column that is not in the data, a label with a single value (nothing to learn), a label of text
+with so many distinct values that it looks like an identifier, a label forced to regression that
+is not numbers, and data with no usable feature left.
+
+The label's task (`label_task`): numbers with fractions, or many distinct numbers (more than
+1,000; or more than 50 that are at least 5% of the labelled rows or whole numbers spread over a
+range twice their count), are a regression target; anything else is classes. `--task` overrides
+it.
 
 The heuristics, in order (the same text is in docs/own-data.md):
 
@@ -108,6 +114,12 @@ class Inference:
     columns: tuple[ColumnReport, ...] = field(default_factory=tuple)
     # Columns and labels that need the user's decision (dirty numbers, near-duplicate labels).
     findings: tuple[Finding, ...] = field(default_factory=tuple)
+    # "classification" or "regression" (`data.task`), and why (`label_task`).
+    task: str = "classification"
+    task_reason: str = ""
+    # Regression: the mean absolute error of always answering the sample's median label (the
+    # trivial model's error, from which init sets `evaluation.max_mae`).
+    median_mae: float | None = None
 
     @property
     def majority_fraction(self) -> float:
@@ -240,6 +252,67 @@ def _read_tfrecord_sample(
     return names, records, kinds, places
 
 
+# --- the label's task -------------------------------------------------------------------------
+# A label of numbers is a regression target when some are fractional, or when there are more than
+# REGRESSION_MIN_DISTINCT distinct values that are either a sizeable share of the rows
+# (REGRESSION_MIN_DISTINCT_SHARE) or spread thinly over a wide range of integers (the range at
+# least REGRESSION_SPARSE_RANGE times the number of distinct values). Class ids are few and
+# dense (0 .. K-1); measurements and prices are many or sparse. The rule depends on shares, so it
+# holds the same at 400, 10,000 and 1,000,000 rows; more than REGRESSION_MANY_DISTINCT distinct
+# numbers are a regression target in any case.
+REGRESSION_MIN_DISTINCT = 50
+REGRESSION_MIN_DISTINCT_SHARE = 0.05
+REGRESSION_SPARSE_RANGE = 2
+# More distinct numbers than this are a regression target whatever the row count.
+REGRESSION_MANY_DISTINCT = 1000
+
+
+def label_task(values: list[str]) -> tuple[str, str]:
+    """("classification" | "regression", the reason in words) for the present label cells."""
+    distinct = set(values)
+    numbers = []
+    for value in distinct:
+        try:
+            number = float(value)
+        except ValueError:
+            return "classification", "not every label is a number: each distinct value is a class"
+        if not math.isfinite(number):
+            return "classification", f"the label {value!r} is not a finite number"
+        numbers.append(number)
+    fractional = [n for n in numbers if not n.is_integer()]
+    if fractional:
+        return "regression", (
+            f"numbers with fractions (e.g. {fractional[0]:g}): a quantity to predict, not classes"
+        )
+    if len(distinct) > REGRESSION_MANY_DISTINCT:
+        return "regression", (
+            f"{len(distinct)} distinct numbers in {len(values)} labelled rows: more than "
+            f"{REGRESSION_MANY_DISTINCT} values are a quantity, not classes"
+        )
+    share = len(distinct) / len(values)
+    spread = max(numbers) - min(numbers) + 1
+    if len(distinct) > REGRESSION_MIN_DISTINCT and share >= REGRESSION_MIN_DISTINCT_SHARE:
+        return "regression", (
+            f"{len(distinct)} distinct numbers in {len(values)} labelled rows ({share:.0%}): "
+            "too many to be classes"
+        )
+    if len(distinct) > REGRESSION_MIN_DISTINCT and spread >= REGRESSION_SPARSE_RANGE * len(
+        distinct
+    ):
+        return "regression", (
+            f"{len(distinct)} distinct whole numbers spread over {min(numbers):g} .. "
+            f"{max(numbers):g}: a quantity, not class ids"
+        )
+    return "classification", f"{len(distinct)} distinct values: few enough to be classes"
+
+
+def median_absolute_error(values: list[str]) -> float:
+    """The mean absolute error of always answering the median of `values` (numbers)."""
+    numbers = [float(v) for v in values]
+    median = statistics.median(numbers)
+    return sum(abs(n - median) for n in numbers) / len(numbers)
+
+
 # --- deciding ------------------------------------------------------------------------------
 def _parses_as_number(text: str) -> bool:
     try:
@@ -350,8 +423,11 @@ def infer_columns(
     label: str,
     text_columns: tuple[str, ...] = (),
     sample_rows: int = DEFAULT_SAMPLE_ROWS,
+    task: str | None = None,
 ) -> Inference:
-    """Reads a sample of `path` and decides every column; raises `DataError` on unusable input."""
+    """Reads a sample of `path` and decides every column; raises `DataError` on unusable input.
+
+    `task` ("classification" or "regression") overrides what `label_task` decides."""
     path = Path(path)
     data_format, files = _source_files(path)
     if data_format == "csv":
@@ -408,25 +484,61 @@ def infer_columns(
             f"only the value {next(iter(label_counter))!r}" if label_counter else "no value at all"
         )
         raise DataError(
-            f"label column {label!r} of {where} has {found} in the {rows_sampled} rows sampled: a "
-            "classifier needs at least two classes. Pick another --label or add rows of other classes."
+            f"label column {label!r} of {where} has {found} in the {rows_sampled} rows sampled: "
+            "nothing to learn (a classifier needs at least two classes, a regression model "
+            "varying numbers). Pick another --label or add rows with other values."
         )
-    if looks_continuous(len(label_counter), len(label_values)):
-        raise DataError(
-            f"label column {label!r} of {where} has {len(label_counter)} distinct values in "
-            f"{len(label_values)} rows: it looks continuous or like an identifier, and fullthrottle "
-            "trains classifiers. Bucket it into classes first, or pick another --label."
-        )
+    detected, task_reason = label_task(label_values)
+    if task is None:
+        task = detected
+    else:
+        task_reason = f"--task {task}"
     findings: list[Finding] = []
-    labels = inspect_labels(label, _cells(places, columns[label])).finding(mode="stop")
-    if labels is not None:
-        findings.append(labels)
+    median_mae = None
+    if task == "regression":
+        numbers = inspect_numbers(label, _cells(places, columns[label]))
+        finding = numbers.finding(
+            where="`data.label`",
+            categorical_hint="Or leave --task out to train a classifier on the label's values.",
+        )
+        if finding is not None:
+            raise DataError(f"{where}: --task regression needs a label of numbers: {finding}")
+        median_mae = median_absolute_error(label_values)
+        unlabelled = [
+            place for place, value in zip(places, columns[label], strict=True) if value is None
+        ]
+        if unlabelled:
+            shown = ", ".join(unlabelled[:5]) + (" ..." if len(unlabelled) > 5 else "")
+            findings.append(
+                Finding(
+                    label,
+                    "`data.label`",
+                    f"{len(unlabelled)} of {rows_sampled} sampled rows have no label value "
+                    f"({shown}); a regression model learns only from rows with a number to predict",
+                    "Remove those rows or fill in their labels.",
+                )
+            )
+        floats = [float(v) for v in label_values]
+        label_reason = (
+            f"a number to predict: {min(floats):g} .. {max(floats):g}, "
+            f"{len(label_counter)} distinct values"
+        )
+    else:
+        if looks_continuous(len(label_counter), len(label_values)):
+            raise DataError(
+                f"label column {label!r} of {where} has {len(label_counter)} distinct values in "
+                f"{len(label_values)} rows: it looks like an identifier or free text, not classes. "
+                "Bucket it into classes first, or pick another --label."
+            )
+        labels = inspect_labels(label, _cells(places, columns[label])).finding(mode="stop")
+        if labels is not None:
+            findings.append(labels)
+        label_reason = f"{len(label_counter)} classes: {_describe_values(label_counter)}"
     reports = [
         ColumnReport(
             label,
             "label",
-            f"{len(label_counter)} classes: {_describe_values(label_counter)}"
-            + (f"; {label_missing} rows have no label" if label_missing else ""),
+            label_reason + (f"; {label_missing} rows have no label" if label_missing else ""),
             len(label_values),
             label_missing,
             len(label_counter),
@@ -496,6 +608,9 @@ def infer_columns(
         na_values=na_values,
         columns=tuple(reports),
         findings=tuple(findings),
+        task=task,
+        task_reason=task_reason,
+        median_mae=median_mae,
     )
 
 

@@ -47,6 +47,7 @@ from trainer_module.training.config import TrainingConfig
 
 BUNDLED_PENGUINS = "palmerpenguins"
 BUNDLED_TEXT = "bundled:text_topics"
+BUNDLED_DIABETES = "bundled:diabetes"
 
 
 @typing.dataclass_transform(frozen_default=True, field_specifiers=(field, Field))
@@ -164,6 +165,10 @@ class DataSpec:
     path: str = BUNDLED_PENGUINS  # a CSV file or folder of CSVs, a TFRecord folder, a bundled name
     format: Literal["csv", "tfrecord"] = "csv"  # tfrecord: gzip or plain tf.Example records
     label: Annotated[str, Field(min_length=1, description="name the label column")] = "species"
+    # What the label is: "classification" (each distinct value is a class; the model answers
+    # class probabilities) or "regression" (a number; the model answers a number, trained on the
+    # squared error, and every present label cell must be a number).
+    task: Literal["classification", "regression"] = "classification"
     numeric: tuple[str, ...] = (
         "bill_length_mm",
         "bill_depth_mm",
@@ -272,8 +277,12 @@ class EvalConfig:
     """The Evaluator's blessing rule (`fullthrottle.core.evaluation.BlessingRule`): an absolute
     bar on the primary metric and, once a model of this pipeline was blessed, no worse than it."""
 
-    # The candidate's eval accuracy must reach this (applied as written: 0.399 is 0.399).
+    # Classification: the candidate's eval accuracy must reach this (applied as written: 0.399
+    # is 0.399).
     accuracy_threshold: Annotated[float, _within(0, 1)] = 0.8
+    # Regression (`data.task: regression`): the candidate's eval mean absolute error must be at
+    # most this, in the label's units. Required for regression (`init` sets it from the data).
+    max_mae: NonNegativeFloat | None = None
     # "latest_blessed": compare with the newest model of this pipeline the Evaluator blessed
     # (TFX's LatestBlessedModelStrategy); the first run has none and is judged on the bar alone.
     # "none": the bar alone, always.
@@ -545,6 +554,15 @@ class Config:
     @property
     def staged_data_dir(self) -> Path:
         return self.output_path / "data" / self.pipeline_name
+
+    def __post_init__(self) -> None:
+        if self.data.task == "regression" and self.evaluation.max_mae is None:
+            raise ConfigError(
+                "`data.task` is regression, so the Evaluator needs a bar on the error: set "
+                "`evaluation.max_mae` to the largest mean absolute error (in the label's units) a "
+                "model may have and still be pushed (`fullthrottle init` sets it to the error of "
+                "always answering the median)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -92,8 +92,8 @@ _FIX = {
     THOUSANDS_APOSTROPHE: 'set `data.thousands: "\'"`',
     UNIT: "write the numbers without the unit (name the unit in the column name instead)",
 }
-# A label with more distinct values than this, most of them unique, looks continuous (or like
-# an identifier): fullthrottle trains classifiers.
+# A classification label (`data.task`) with more distinct values than this, most of them unique,
+# looks continuous (or like an identifier): too many to be classes.
 LABEL_MAX_CLASSES = 200
 
 

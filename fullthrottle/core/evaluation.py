@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from fullthrottle.core.config import Config
 
 CLASSIFICATION = "classification"
+REGRESSION = "regression"
 # `evaluation.baseline`: compare with what TFX's LatestBlessedModelStrategy resolves.
 LATEST_BLESSED = "latest_blessed"
 
@@ -51,7 +52,20 @@ PRIMARY_METRICS: Mapping[str, PrimaryMetric] = {
         higher_is_better=True,
         bound_field="evaluation.accuracy_threshold",
     ),
+    REGRESSION: PrimaryMetric(
+        tfma_class="MeanAbsoluteError",
+        key="mean_absolute_error",
+        higher_is_better=False,
+        bound_field="evaluation.max_mae",
+    ),
 }
+# What the Evaluator computes and reports beside the primary metric (never judged), by task.
+REPORTED_METRICS: Mapping[str, tuple[str, ...]] = {
+    CLASSIFICATION: ("SparseCategoricalCrossentropy",),
+    REGRESSION: ("RootMeanSquaredError", "MeanSquaredError"),
+}
+# The key of the serving signatures' output the Evaluator reads, by task.
+PREDICTION_KEYS: Mapping[str, str] = {CLASSIFICATION: "probabilities", REGRESSION: "predictions"}
 
 
 @dataclass(frozen=True)
@@ -67,7 +81,7 @@ class BlessingRule:
     @classmethod
     def from_config(cls, config: Config) -> BlessingRule:
         evaluation = config.evaluation
-        task = CLASSIFICATION
+        task = config.data.task
         metric = PRIMARY_METRICS[task]
         return cls(
             task=task,

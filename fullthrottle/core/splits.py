@@ -24,6 +24,7 @@ from typing import Any
 
 SPLITS = ("train", "eval")
 STRATIFIED = "stratified by label"
+STRATIFIED_RANGE = "stratified by label range"  # a regression label: ranges of its sorted values
 HASH_BUCKETS = "by hash buckets"
 SPLIT_FOLDERS = "from the `train/` and `eval/` folders"  # CSV data as ExampleGen reads it
 
@@ -58,6 +59,18 @@ def stratified_split(
     return assignment
 
 
+def range_strata(labels: Sequence[str], *, train_buckets: int, eval_buckets: int) -> list[str]:
+    """A regression label's stratum of each row: its values sorted and cut into runs of
+    5 x (train_buckets + eval_buckets) rows, so `stratified_split` gives each run of the label's
+    range its share of eval (a distinct value per class would put most rows in train)."""
+    size = 5 * (train_buckets + eval_buckets)
+    order = sorted(range(len(labels)), key=lambda i: (float(labels[i]), i))
+    strata = [""] * len(labels)
+    for rank, index in enumerate(order):
+        strata[index] = f"range {rank // size}"
+    return strata
+
+
 def hash_split(record: bytes, *, train_buckets: int, eval_buckets: int) -> str:
     """The split TFX's ExampleGen gives a serialized record under hash buckets (no
     `partition_feature_name`): sha256 of the bytes modulo the bucket total."""
@@ -71,10 +84,13 @@ class SplitSummary:
 
     method: str  # STRATIFIED or HASH_BUCKETS
     label: str
-    class_rows: Mapping[str, Mapping[str, int]]  # class -> split -> rows
+    class_rows: Mapping[str, Mapping[str, int]]  # class (or range, or "all") -> split -> rows
+    classes: bool = True  # False for a regression label: no class can be left out of a split
 
     @classmethod
-    def count(cls, *, method: str, label: str, pairs: Iterable[tuple[str, str]]) -> SplitSummary:
+    def count(
+        cls, *, method: str, label: str, pairs: Iterable[tuple[str, str]], classes: bool = True
+    ) -> SplitSummary:
         """From `(class, split)` pairs, one per row."""
         counts: dict[str, Counter[str]] = defaultdict(Counter)
         for value, split in pairs:
@@ -85,6 +101,7 @@ class SplitSummary:
             class_rows={
                 value: {split: counts[value][split] for split in SPLITS} for value in sorted(counts)
             },
+            classes=classes,
         )
 
     def rows(self, split: str) -> int:
@@ -93,6 +110,8 @@ class SplitSummary:
     @property
     def not_evaluated(self) -> dict[str, int]:
         """Classes with rows in train and none in eval, with their row counts."""
+        if not self.classes:
+            return {}
         return {
             value: rows["train"]
             for value, rows in self.class_rows.items()
@@ -102,6 +121,8 @@ class SplitSummary:
     @property
     def not_trained(self) -> dict[str, int]:
         """Classes with rows in eval and none in train, with their row counts."""
+        if not self.classes:
+            return {}
         return {
             value: rows["eval"]
             for value, rows in self.class_rows.items()
@@ -112,17 +133,19 @@ class SplitSummary:
         return {
             "method": self.method,
             "rows": {split: self.rows(split) for split in SPLITS},
-            "classes": len(self.class_rows),
+            "classes": len(self.class_rows) if self.classes else None,
             "classes_not_evaluated": self.not_evaluated,
             "classes_not_trained": self.not_trained,
         }
 
     def describe(self) -> str:
         """One line: how the rows were split."""
-        return (
-            f"split {self.method}: {self.rows('train')} train rows, {self.rows('eval')} eval rows, "
-            f"{len(self.class_rows)} classes of {self.label!r}"
+        line = (
+            f"split {self.method}: {self.rows('train')} train rows, {self.rows('eval')} eval rows"
         )
+        if not self.classes:
+            return f"{line} (a regression label, {self.label!r})"
+        return f"{line}, {len(self.class_rows)} classes of {self.label!r}"
 
     def rare_classes_message(self) -> str | None:
         """The classes too rare to be in both splits, or None when there are none."""

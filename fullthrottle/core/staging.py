@@ -23,8 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fullthrottle.core.bundled import bundled_path
-from fullthrottle.core.config import BUNDLED_PENGUINS, BUNDLED_TEXT, Config, DataSpec
+from fullthrottle.core.config import (
+    BUNDLED_DIABETES,
+    BUNDLED_PENGUINS,
+    BUNDLED_TEXT,
+    Config,
+    DataSpec,
+)
 from fullthrottle.core.data_checks import (
+    Finding,
     check_header_names,
     inspect_labels,
     inspect_numbers,
@@ -40,10 +47,12 @@ from fullthrottle.core.splits import (
     SPLIT_FOLDERS,
     SPLITS,
     STRATIFIED,
+    STRATIFIED_RANGE,
     SplitSummary,
     eval_rows_for,
     hash_split,
     name_classes,
+    range_strata,
     row_key,
     stratified_split,
 )
@@ -64,7 +73,7 @@ class PreparedData:
 
 
 def source_files(spec: DataSpec) -> list[Path]:
-    if spec.path in (BUNDLED_PENGUINS, BUNDLED_TEXT):
+    if spec.path in (BUNDLED_PENGUINS, BUNDLED_TEXT, BUNDLED_DIABETES):
         return [bundled_path(spec.path)]
     path = Path(spec.path)
     if not path.exists():
@@ -196,6 +205,11 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
     _check_label_classes(spec, header0, all_rows, files)
     index = header0.index(spec.label)
     labels = [row[index] for row in all_rows]
+    regression = spec.task == "regression"
+    if regression:
+        labels = range_strata(
+            labels, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
+        )
     assignment = stratified_split(
         labels,
         [row_key(row) for row in all_rows],
@@ -203,7 +217,10 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
         eval_buckets=spec.eval_buckets,
     )
     split = SplitSummary.count(
-        method=STRATIFIED, label=spec.label, pairs=zip(labels, assignment, strict=True)
+        method=STRATIFIED_RANGE if regression else STRATIFIED,
+        label=spec.label,
+        pairs=zip(labels, assignment, strict=True),
+        classes=not regression,
     )
     if not split.rows("eval"):
         raise DataError(_no_eval_rows_message(spec, source=source, rows=len(all_rows)))
@@ -288,18 +305,56 @@ def _check_cells(
         if finding is not None:
             findings.append(finding)
     index = header.index(spec.label)
-    labels = inspect_labels(
-        spec.label, ((place, row[index]) for place, row in zip(places, rows, strict=True))
-    )
-    # "merge" merges them below, "keep" keeps them: only "stop" stops.
-    finding = labels.finding(mode=spec.near_duplicate_labels)
-    if finding is not None and spec.near_duplicate_labels == "stop":
-        findings.append(finding)
+    if spec.task == "regression":
+        findings += _regression_label_findings(spec, index, rows, places)
+    else:
+        labels = inspect_labels(
+            spec.label, ((place, row[index]) for place, row in zip(places, rows, strict=True))
+        )
+        # "merge" merges them below, "keep" keeps them: only "stop" stops.
+        finding = labels.finding(mode=spec.near_duplicate_labels)
+        if finding is not None and spec.near_duplicate_labels == "stop":
+            findings.append(finding)
     if findings:
         raise DataError(report(findings, source=source))
 
 
 _WHOLE_NUMBER = re.compile(r"\s*[+-]?\d+\s*")
+
+
+def _regression_label_findings(
+    spec: DataSpec, index: int, rows: list[list[str]], places: list[str]
+) -> list[Finding]:
+    """A regression label (`data.task: regression`) is a number in every row: the cells that are
+    not numbers as `data.decimal`/`data.thousands` write them, and the rows without a label,
+    as one finding naming their lines."""
+    numbers = inspect_numbers(
+        spec.label,
+        ((place, row[index]) for place, row in zip(places, rows, strict=True)),
+        decimal=spec.decimal,
+        thousands=spec.thousands,
+    )
+    finding = numbers.finding(
+        where="`data.label`",
+        categorical_hint=(
+            "If the label is a class rather than a number, set `data.task: classification`"
+        ),
+    )
+    empty = [place for place, row in zip(places, rows, strict=True) if not row[index].strip()]
+    if not empty:
+        return [] if finding is None else [finding]
+    shown = ", ".join(empty[:5]) + (f" and {len(empty) - 5} more" if len(empty) > 5 else "")
+    rows_word = "1 row has" if len(empty) == 1 else f"{len(empty)} rows have"
+    missing = (
+        f"{rows_word} no label value ({shown}), and a regression model learns only from rows "
+        "with a number to predict"
+    )
+    fix = "Remove the rows without a label or fill them in."
+    if finding is None:
+        return [Finding(spec.label, "`data.label`", missing, fix)]
+    return [
+        Finding(spec.label, "`data.label`", f"{finding.problem}; {missing}", f"{finding.fix} {fix}")
+    ]
 
 
 def _normalize_cells(spec: DataSpec, header: list[str], rows: list[list[str]]) -> None:
@@ -310,7 +365,9 @@ def _normalize_cells(spec: DataSpec, header: list[str], rows: list[list[str]]) -
     whole number with ".0": CsvExampleGen infers a column of whole numbers as INT, and the model
     would then take only integers for a measurement that happened to be whole in the sample
     ("215.0" refused where "215" is taken). Written this way every numeric column is FLOAT."""
-    for column in spec.numeric:
+    # A regression label is a number too (checked in _check_cells).
+    regression_label = (spec.label,) if spec.task == "regression" else ()
+    for column in (*spec.numeric, *regression_label):
         index = header.index(column)
         for row in rows:
             cell = row[index]
@@ -323,7 +380,7 @@ def _normalize_cells(spec: DataSpec, header: list[str], rows: list[list[str]]) -
             if _WHOLE_NUMBER.fullmatch(cell):
                 cell = cell.strip() + ".0"
             row[index] = cell
-    if spec.near_duplicate_labels == "merge":
+    if spec.near_duplicate_labels == "merge" and spec.task == "classification":
         index = header.index(spec.label)
         merges = inspect_labels(spec.label, (("", row[index]) for row in rows)).merges()
         for row in rows:
@@ -334,6 +391,8 @@ def _check_label_classes(
     spec: DataSpec, header: list[str], rows: list[list[str]], files: list[Path]
 ) -> None:
     """A classifier needs two classes; one label value throughout is a wrong file or filter."""
+    if spec.task == "regression":  # numbers, checked in _check_cells
+        return
     index = header.index(spec.label)
     classes = {row[index] for row in rows if row[index].strip()}
     if len(classes) < 2:
@@ -348,8 +407,9 @@ def _check_label_classes(
         raise DataError(
             f"the label column {spec.label!r} (config field `data.label`) of "
             f"{', '.join(map(str, files))} has {len(classes)} distinct values in {present} rows: "
-            "it looks continuous or like an identifier, and fullthrottle trains classifiers. "
-            "Bucket it into classes first, or pick another label column."
+            "too many to be classes (it looks continuous or like an identifier). If it is a "
+            "number to predict, set `data.task: regression` and `evaluation.max_mae`; otherwise "
+            "bucket it into classes first, or pick another label column."
         )
 
 
@@ -370,7 +430,8 @@ def _scan_tfrecords(files: list[Path], spec: DataSpec) -> SplitSummary:
                 split = hash_split(
                     record, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
                 )
-                pairs.append((_first_value(features, spec.label), split))
+                value = "all" if spec.task == "regression" else _first_value(features, spec.label)
+                pairs.append((value, split))
                 count += 1
         except Exception as exc:  # noqa: BLE001 - DataLossError and friends: all mean a damaged file
             detail = (
@@ -383,7 +444,9 @@ def _scan_tfrecords(files: list[Path], spec: DataSpec) -> SplitSummary:
             ) from None
         if count == 0:
             raise DataError(f"{path} holds no records; remove it from the data folder")
-    return SplitSummary.count(method=HASH_BUCKETS, label=spec.label, pairs=pairs)
+    return SplitSummary.count(
+        method=HASH_BUCKETS, label=spec.label, pairs=pairs, classes=spec.task != "regression"
+    )
 
 
 def _check_tfrecord_split(spec: DataSpec, split: SplitSummary, folder: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.core.errors import FullthrottleError
-from fullthrottle.core.evaluation import CLASSIFICATION, PRIMARY_METRICS
+from fullthrottle.core.evaluation import CLASSIFICATION, PRIMARY_METRICS, REGRESSION
 from fullthrottle.tracking.names import COMPONENT_TAG, EVALUATOR_GROUP, RUN_KEY_TAG, metric_name
 from trainer_module.training import metrics
 
@@ -26,10 +26,29 @@ RESULTS = (
         ),
         "{:.4f}",
     ),
+    # Regression runs (shown when a run has them).
+    (
+        "MAE",
+        (
+            metric_name(EVALUATOR_GROUP, PRIMARY_METRICS[REGRESSION].key),
+            metrics.eval_chart_name(metrics.EVAL_MAE),
+        ),
+        "{:.4g}",
+    ),
+    (
+        "RMSE",
+        (
+            metric_name(EVALUATOR_GROUP, "root_mean_squared_error"),
+            metrics.eval_chart_name(metrics.EVAL_RMSE),
+        ),
+        "{:.4g}",
+    ),
     ("loss", (metrics.chart_name(metrics.FINAL_LOSS),), "{:.4f}"),
     ("examples/s", (metrics.chart_name(metrics.EXAMPLES_PER_SECOND),), "{:,.0f}"),
     ("input-bound %", (metrics.chart_name(metrics.INPUT_WAIT_FRACTION),), "{:.1%}"),
 )
+# Rows left out of the table when no run has a value (a regression model's errors).
+OPTIONAL_RESULTS = ("MAE", "RMSE")
 # The Trainer run's curves drawn side by side: loss and throughput against the step.
 CURVES = (metrics.LOSS, metrics.EXAMPLES_PER_SECOND)
 
@@ -139,6 +158,8 @@ def table(runs: list[RunView]) -> str:
     rows.append(["-" * 3, *("" for _ in runs)])
     for name, keys, fmt in RESULTS:
         values = [_result(r, keys) for r in runs]
+        if name in OPTIONAL_RESULTS and all(v is None for v in values):
+            continue
         rows.append([name, *("-" if v is None else fmt.format(v) for v in values)])
     rows.append(
         ["wall time", *("-" if r.wall_seconds is None else f"{r.wall_seconds:.1f} s" for r in runs)]

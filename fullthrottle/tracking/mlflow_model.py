@@ -1,7 +1,8 @@
 """The pushed SavedModel logged as an MLflow 3 model that loads and serves without fullthrottle.
 
 Owns: describing the pushed model for MLflow (the signature of its `predict_raw`: raw feature
-columns in, `class` (text), `probability` and `probabilities` out; the class order; an input
+columns in, `class` (text), `probability` and `probabilities` out, or a regression model's
+`prediction` (a number); the class order; an input
 example of real evaluation rows; pinned requirements) and logging it as a models-from-code pyfunc
 (`served_model.py`, which imports only MLflow, NumPy, pandas and TensorFlow) with the exact
 pushed SavedModel folder as its artifact. MLflow's recommended way for custom models: nothing is
@@ -39,7 +40,7 @@ EXAMPLE_ROWS = 3
 class ServedModelDescription:
     signature: Any  # mlflow.models.ModelSignature
     input_example: Any  # pandas.DataFrame of raw feature rows
-    classes: list[str]  # the order of `probabilities`
+    classes: list[str]  # the order of `probabilities` (empty for a regression model)
     numeric_columns: list[str]  # inputs that are numbers (typed "any" in the signature)
 
 
@@ -102,8 +103,12 @@ def describe(saved_model_dir: str, examples: Sequence[bytes]) -> ServedModelDesc
 
     loaded = tf.saved_model.load(saved_model_dir)
     specs = raw_input_specs(loaded)
-    classified = loaded.signatures[CLASSIFY_SIGNATURE](inputs=tf.constant(list(examples[:1])))
-    classes = [c.decode("utf-8") for c in classified["classes"].numpy()[0]]
+    # A regression model has no classes: its `regression` signature answers numbers.
+    regression = CLASSIFY_SIGNATURE not in loaded.signatures
+    classes = []
+    if not regression:
+        classified = loaded.signatures[CLASSIFY_SIGNATURE](inputs=tf.constant(list(examples[:1])))
+        classes = [c.decode("utf-8") for c in classified["classes"].numpy()[0]]
     kinds = {tf.string: DataType.string, tf.int64: DataType.long, tf.int32: DataType.integer}
     inputs = Schema(
         [
@@ -116,7 +121,9 @@ def describe(saved_model_dir: str, examples: Sequence[bytes]) -> ServedModelDesc
         ]
     )
     outputs = Schema(
-        [
+        [ColSpec(DataType.double, "prediction")]
+        if regression
+        else [
             ColSpec(DataType.string, "class"),
             ColSpec(DataType.double, "probability"),
             ColSpec(Array(DataType.double), "probabilities"),

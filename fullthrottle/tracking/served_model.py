@@ -8,7 +8,8 @@ never imported by fullthrottle itself (`fullthrottle.tracking.mlflow_model` logs
 The model answers through the SavedModel's `predict_raw` signature (one tensor per raw feature;
 the Transform graph is inside the SavedModel): a DataFrame of raw feature columns in, one row per
 example out with the predicted `class` (text), its `probability`, and `probabilities` in the
-order of the `classes` the model config lists.
+order of the `classes` the model config lists; for a regression model, its `prediction` (a
+number).
 
 A missing value is the CSV's empty cell, however pandas holds it: NaN or None in a cell, or a
 column left out. It reaches the model as NaN (numbers) or "" (text), which the SavedModel reads
@@ -91,6 +92,8 @@ class PushedModel(PythonModel):
             found = re.search(r"assertion failed: \[(.*?)\]", exc.message)
             text = found.group(1) if found else exc.message.strip().splitlines()[-1]
             raise ValueError(text) from None
+        if "predictions" in outputs:  # a regression model: one number per example
+            return pd.DataFrame({"prediction": outputs["predictions"].numpy().astype(np.float64)})
         probabilities = outputs["probabilities"].numpy().astype(np.float64)
         return pd.DataFrame(
             {

@@ -23,6 +23,8 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "rmsprop")
 LR_SCALINGS = ("linear", "none")
 RESUME_DATA = ("skip", "reseed")
 UNREADABLE_CHECKPOINTS = ("fail", "start_over")
+TASKS = ("classification", "regression")
+REGRESSION_LOSSES = ("mse", "huber")
 
 
 def _require(cond: bool, name: str, message: str, value: object) -> None:
@@ -37,7 +39,13 @@ class ModelInputs:
     numeric:     float32 features of shape [] per example.
     categorical: int64 id features of shape [] -> cardinality (ids in [0, cardinality)).
     text:        int64 token-id sequences -> (vocab_size, seq_len); id 0 is padding.
-    label:       int64 class-id feature of shape [].
+    label:       classification: int64 class-id feature of shape []; regression: float32 [].
+    num_classes: the classes of a classification label (unused for regression).
+    task:        "classification" (softmax over ``num_classes``) or "regression" (one number).
+    label_mean, label_std: regression only: the training labels' mean and standard deviation.
+                 The regression head predicts ``label_mean + label_std * z`` so that its Dense
+                 unit learns a standardized target (Adam's steps are ~learning_rate: a raw target
+                 of mean 150 would take 10**5 steps just to reach its mean).
     """
 
     numeric: tuple[str, ...] = ()
@@ -45,6 +53,9 @@ class ModelInputs:
     text: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     label: str = "label"
     num_classes: int = 2
+    task: str = "classification"
+    label_mean: float = 0.0
+    label_std: float = 1.0
 
     def __post_init__(self) -> None:
         # Own copies (plain dicts/tuples stay picklable), so the caller's later edits don't leak in.
@@ -53,7 +64,19 @@ class ModelInputs:
         object.__setattr__(
             self, "text", {k: tuple(int(x) for x in v) for k, v in self.text.items()}
         )
-        _require(self.num_classes >= 2, "num_classes", "must be >= 2", self.num_classes)
+        _require(self.task in TASKS, "task", f"must be one of {', '.join(TASKS)}", self.task)
+        if self.task == "classification":
+            _require(self.num_classes >= 2, "num_classes", "must be >= 2", self.num_classes)
+        else:
+            _require(
+                math.isfinite(self.label_mean), "label_mean", "must be finite", self.label_mean
+            )
+            _require(
+                math.isfinite(self.label_std) and self.label_std > 0,
+                "label_std",
+                "must be finite and > 0",
+                self.label_std,
+            )
         _require(bool(self.label), "label", "must be a feature name", self.label)
         for name, card in self.categorical.items():
             _require(card > 0, f"categorical[{name!r}]", "cardinality must be > 0", card)
@@ -73,6 +96,15 @@ class ModelInputs:
     @property
     def feature_names(self) -> tuple[str, ...]:
         return (*self.numeric, *self.categorical, *self.text)
+
+    @property
+    def regression(self) -> bool:
+        return self.task == "regression"
+
+    @property
+    def output_units(self) -> int:
+        """The width of the model's output: the classes, or one number for regression."""
+        return 1 if self.regression else self.num_classes
 
 
 @dataclass(frozen=True)
@@ -135,6 +167,10 @@ class TrainingConfig:
     models: Mapping[str, Any] = field(default_factory=dict)
     embedding_dim: int = 8  # width of each categorical feature's embedding
     dropout_rate: float = 0.1
+    # Regression only (`data.task: regression`): "mse" (squared error) or "huber" (squared
+    # below `huber_delta`, absolute beyond: robust to outlying labels), in the label's units.
+    regression_loss: str = "mse"
+    huber_delta: float = 1.0
     profile_steps: tuple[int, int] | None = None
     seed: int = 42
     deterministic: bool = False
@@ -220,6 +256,18 @@ class TrainingConfig:
             self.loss_scale_initial,
         )
         r(0.0 <= self.dropout_rate < 1.0, "dropout_rate", "must be in [0, 1)", self.dropout_rate)
+        r(
+            self.regression_loss in REGRESSION_LOSSES,
+            "regression_loss",
+            f"must be one of {REGRESSION_LOSSES}",
+            self.regression_loss,
+        )
+        r(
+            math.isfinite(self.huber_delta) and self.huber_delta > 0,
+            "huber_delta",
+            "must be a finite number > 0",
+            self.huber_delta,
+        )
         if self.input_snapshot_dir is not None:
             r(
                 isinstance(self.input_snapshot_dir, str) and bool(self.input_snapshot_dir),

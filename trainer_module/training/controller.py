@@ -216,7 +216,14 @@ def train(
         raise InputDataError("`train_files` is empty")
     setup = set_up(config, model_inputs)
     cluster, chief = setup.cluster, setup.cluster.is_chief
-    loop = TrainLoop(setup.strategy, setup.model, setup.optimizer, config, setup.batch)
+    loop = TrainLoop(
+        setup.strategy,
+        setup.model,
+        setup.optimizer,
+        config,
+        setup.batch,
+        regression=model_inputs.regression,
+    )
     checkpoints = CheckpointStore(
         training_checkpoint(
             model=setup.model,

@@ -1,8 +1,10 @@
 """Evaluation after training: the compiled eval loop over the eval files, once (or
-``eval_steps`` batches), as mean loss, accuracy and the number of examples."""
+``eval_steps`` batches), as mean loss, accuracy (regression: mean absolute error and root mean
+squared error) and the number of examples."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import tensorflow as tf
@@ -40,13 +42,20 @@ def evaluate(
         compression=compression,
     )
     max_steps = config.eval_steps or _UNBOUNDED_STEPS
-    loss_sum, correct, count = (
+    loss_sum, first, second, count = (
         float(v) for v in loop.eval_loop(iter(dataset), tf.constant(max_steps, tf.int64))
     )
     if not count:
         return {}
+    if loop.regression:
+        return {
+            metrics.EVAL_LOSS: loss_sum / count,
+            metrics.EVAL_MAE: first / count,
+            metrics.EVAL_RMSE: math.sqrt(second / count),
+            metrics.EVAL_EXAMPLES: count,
+        }
     return {
         metrics.EVAL_LOSS: loss_sum / count,
-        metrics.EVAL_ACCURACY: correct / count,
+        metrics.EVAL_ACCURACY: first / count,
         metrics.EVAL_EXAMPLES: count,
     }

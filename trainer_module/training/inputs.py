@@ -98,7 +98,8 @@ def validate_feature_spec(
     feature_spec: Mapping[str, tf.io.FixedLenFeature], model_inputs: ModelInputs
 ) -> None:
     """Check that every model input and the label are in the spec with the promised shape."""
-    expected: dict[str, tuple[tf.DType, list[int]]] = {model_inputs.label: (tf.int64, [])}
+    label_dtype = tf.float32 if model_inputs.regression else tf.int64
+    expected: dict[str, tuple[tf.DType, list[int]]] = {model_inputs.label: (label_dtype, [])}
     for name in model_inputs.numeric:
         expected[name] = (tf.float32, [])
     for name in model_inputs.categorical:

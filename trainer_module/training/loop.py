@@ -52,8 +52,13 @@ class TrainLoop:
         optimizer: keras.optimizers.Optimizer,
         config: TrainingConfig,
         batch: BatchSizes,
+        *,
+        regression: bool = False,
     ):
         self.strategy = strategy
+        # The model answers one number per example (``ModelInputs.task``): squared-error (or
+        # Huber) loss, and MAE/RMSE sums in the eval pass instead of the count correct.
+        self.regression = regression
         self.model = model
         self.optimizer = optimizer
         self.config = config
@@ -99,8 +104,8 @@ class TrainLoop:
     def _micro_gradients(self, features, labels):
         variables = self.model.trainable_variables
         with tf.GradientTape() as tape:
-            probs = self.model(self._features(features), training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(labels, probs)
+            outputs = self.model(self._features(features), training=True)
+            per_example = self._per_example_loss(labels, outputs)
             # Average over the GLOBAL batch (replicas x micro-batches x per-replica batch), not
             # over this replica's micro-batch: the optimizer SUMs gradients across replicas and
             # we SUM across micro-batches, so every example ends up weighted 1/global_batch and
@@ -118,6 +123,18 @@ class TrainLoop:
             None if g is None else tf.convert_to_tensor(g) for g in tape.gradient(scaled, variables)
         ]
         return grads, loss
+
+    def _per_example_loss(self, labels, outputs):
+        """Cross-entropy of the class probabilities, or the regression loss of the number."""
+        if not self.regression:
+            return keras.losses.sparse_categorical_crossentropy(labels, outputs)
+        predictions = tf.reshape(tf.cast(outputs, tf.float32), [-1])
+        error = predictions - tf.cast(labels, tf.float32)
+        if self.config.regression_loss == "huber":
+            delta = self.config.huber_delta
+            small = tf.abs(error) <= delta
+            return tf.where(small, 0.5 * tf.square(error), delta * (tf.abs(error) - 0.5 * delta))
+        return tf.square(error)
 
     def _gradients(self, features, labels):
         """Gradients (loss-scaled, summed over k micro-batches) and this replica's loss share."""
@@ -211,21 +228,31 @@ class TrainLoop:
 
     # ----------------------------------------------------------------------- eval
     def _eval_replica(self, features, labels):
-        probs = self.model(self._features(features), training=False)
-        per_example = keras.losses.sparse_categorical_crossentropy(labels, probs)
-        correct = tf.cast(tf.equal(tf.argmax(probs, axis=-1), tf.cast(labels, tf.int64)), "float32")
+        """Sums over the batch: loss, then (classification) the count correct and 0, or
+        (regression) the absolute and the squared errors; then the example count."""
+        outputs = self.model(self._features(features), training=False)
+        per_example = tf.cast(self._per_example_loss(labels, outputs), tf.float32)
         n = tf.cast(tf.shape(labels)[0], tf.float32)
-        return tf.reduce_sum(tf.cast(per_example, tf.float32)), tf.reduce_sum(correct), n
+        if self.regression:
+            error = tf.reshape(tf.cast(outputs, tf.float32), [-1]) - tf.cast(labels, tf.float32)
+            absolute, squared = tf.reduce_sum(tf.abs(error)), tf.reduce_sum(tf.square(error))
+            return tf.reduce_sum(per_example), absolute, squared, n
+        correct = tf.cast(
+            tf.equal(tf.argmax(outputs, axis=-1), tf.cast(labels, tf.int64)), "float32"
+        )
+        return tf.reduce_sum(per_example), tf.reduce_sum(correct), tf.constant(0.0), n
 
     def _eval_loop(self, iterator, max_steps):
-        """Sum loss/correct/count over at most ``max_steps`` batches or until the data ends.
+        """Sum the ``_eval_replica`` sums over at most ``max_steps`` batches or until the data
+        ends: (loss, correct or absolute error, 0 or squared error, count).
 
         ``get_next_as_optional`` (not a Python StopIteration) ends the loop inside the graph;
         under multi-worker it agrees across workers, so a worker whose shard ran out early
         keeps stepping with empty batches instead of hanging the others.
         """
         loss_sum = tf.constant(0.0)
-        correct = tf.constant(0.0)
+        first = tf.constant(0.0)
+        second = tf.constant(0.0)
         count = tf.constant(0.0)
         # A counted `while` rather than tf.range: max_steps may be "unbounded" (2**62), which
         # tf.range would materialise when run eagerly.
@@ -237,8 +264,11 @@ class TrainLoop:
                 break
             features, labels = optional.get_value()
             out = self.strategy.run(self._eval_replica, args=(features, labels))
-            s, c, n = (self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in out)
+            s, a, b, n = (
+                self.strategy.reduce(tf.distribute.ReduceOp.SUM, v, axis=None) for v in out
+            )
             loss_sum += s
-            correct += c
+            first += a
+            second += b
             count += n
-        return loss_sum, correct, count
+        return loss_sum, first, second, count

@@ -38,9 +38,11 @@ LOOP_SCALARS = (
 
 # --- evaluation (``TrainResult.eval_metrics``) ------------------------------------------------------
 EVAL_LOSS = "loss"
-EVAL_ACCURACY = "accuracy"
+EVAL_ACCURACY = "accuracy"  # classification
+EVAL_MAE = "mae"  # regression: mean absolute error, in the label's units
+EVAL_RMSE = "rmse"  # regression: root mean squared error
 EVAL_EXAMPLES = "examples"
-EVAL_SCALARS = (EVAL_LOSS, EVAL_ACCURACY)  # written to TensorBoard
+EVAL_SCALARS = (EVAL_LOSS, EVAL_ACCURACY, EVAL_MAE, EVAL_RMSE)  # written to TensorBoard
 
 
 # --- charted names (TensorBoard tags, MLflow metric keys) ------------------------------------------

@@ -4,7 +4,8 @@ A model is a name, a frozen options dataclass (its ``training.models.<name>`` co
 validated in ``__post_init__`` with :func:`require`), a builder, a FLOPs-per-example estimate
 (the bench's MFU) and its own advice for the step-time advisor. The shared parts: the Keras
 inputs for ``ModelInputs``, the numeric and categorical features every model reads, and the
-classifier on top (hidden Dense layers, then a float32 softmax).
+classifier on top (hidden Dense layers, then a float32 softmax, or for a regression label one
+float32 linear unit).
 
 Every layer gets its dtype policy passed explicitly (no global ``set_dtype_policy``), so the
 same builder makes the mixed-precision training model and the float32 serving twin. The final
@@ -139,13 +140,22 @@ def classifier(
     policy: keras.DTypePolicy,
 ) -> keras.KerasTensor:
     """``parts`` concatenated, then ReLU Dense layers (``dropout_rate`` after each), then the
-    float32 softmax over the classes."""
+    head: the float32 softmax over the classes or, for a regression label, one float32 linear
+    unit scaled to the label (``label_mean + label_std * unit``), shape [batch, 1]."""
     x = parts[0] if len(parts) == 1 else layers.Concatenate(dtype=policy)(parts)
     for i, width in enumerate(hidden_units):
         x = layers.Dense(width, activation="relu", dtype=policy, name=f"dense{i}")(x)
         if config.dropout_rate:
             x = layers.Dropout(config.dropout_rate, dtype=policy)(x)
     # float32 regardless of the training policy (see the module docstring).
+    if model_inputs.regression:
+        unit = layers.Dense(1, dtype="float32", name="prediction_standardized")(x)
+        return layers.Rescaling(
+            scale=model_inputs.label_std,
+            offset=model_inputs.label_mean,
+            dtype="float32",
+            name="prediction",
+        )(unit)
     return layers.Dense(
         model_inputs.num_classes, activation="softmax", dtype="float32", name="probabilities"
     )(x)
@@ -153,7 +163,7 @@ def classifier(
 
 def classifier_flops(width: int, hidden_units: Sequence[int], num_classes: int) -> float:
     """Forward matmul FLOPs of :func:`classifier` on a ``width``-wide input: 2·w_in·w_out per
-    Dense layer, the softmax head included."""
+    Dense layer, the head included (``num_classes``: its units, 1 for regression)."""
     flops = 0.0
     for units_out in hidden_units:
         flops += 2 * width * units_out

@@ -68,7 +68,7 @@ def forward_flops(
     """The MLP's matmuls: 2·w_in·w_out per Dense layer (the first takes the numeric features
     and ``embedding_dim`` per categorical feature), the softmax head included."""
     return classifier_flops(
-        tabular_width(model_inputs, config), options.hidden_units, model_inputs.num_classes
+        tabular_width(model_inputs, config), options.hidden_units, model_inputs.output_units
     )
 
 

@@ -452,7 +452,7 @@ def forward_flops(
         s = seq_len
         forward += options.layers * (8 * s * d * d + 4 * s * s * d + 4 * s * d * f)
         width += d
-    return forward + classifier_flops(width, options.hidden_units, model_inputs.num_classes)
+    return forward + classifier_flops(width, options.hidden_units, model_inputs.output_units)
 
 
 def advice(options: TransformerOptions, config: TrainingConfig) -> list[Advice]:

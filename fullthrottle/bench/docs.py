@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fullthrottle.bench.advisor_figures import FIGURES_FILE, update_figures
 from fullthrottle.bench.benchmarks import BENCHMARKS
 from fullthrottle.bench.benchmarks.base import REPO, entry_at
 from fullthrottle.bench.results import LATEST, latest_markdown, replace_file
@@ -156,14 +157,18 @@ def outside_blocks(page: str) -> str:
 
 
 def update_pages(latest_path: Path = LATEST_JSON, pages: tuple[Path, ...] = PAGES) -> list[Path]:
-    """Renders ``LATEST.md`` beside ``latest_path`` and the generated blocks of ``pages`` from
-    it again (after a change of a renderer); the files it changed."""
+    """Renders ``LATEST.md`` beside ``latest_path``, the generated blocks of ``pages`` and (for
+    the repo's own pages) the advisor's figures file from it again (after a change of a
+    renderer); the files it changed."""
     latest = json.loads(latest_path.read_text(encoding="utf-8"))
     changed = []
     markdown = latest_path.with_suffix(".md")
     if not markdown.exists() or markdown.read_text(encoding="utf-8") != latest_markdown(latest):
         replace_file(markdown, latest_markdown(latest))
         changed.append(markdown)
+    # The advisor's figures: package data of the training library, from the same document.
+    if pages == PAGES and update_figures(latest):
+        changed.append(FIGURES_FILE)
     for path in pages:
         page = path.read_text(encoding="utf-8")
         new = render_page(page, latest)

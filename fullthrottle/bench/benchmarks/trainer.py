@@ -235,6 +235,7 @@ def pool_input_runs(entry: dict[str, Any], runs: list[dict[str, list[float]]]) -
         pairs["side_by_side_per_more_process"] = len(runs[0]["ours"])
     return {
         **ratio_entry(pooled, "ours", "ours_in_memory"),
+        **({"input_cached": entry["input_cached"]} if "input_cached" in entry else {}),
         "pairs": pairs,
         "runs": [
             {
@@ -435,9 +436,9 @@ def _model_rows(model: str, m: Mapping[str, Any], verdict: Verdict) -> list[str]
         limit = ""
         if adv.get("limit"):
             how = "measured" if adv["reader_ceiling_measured"] else "estimated"
-            limit = (
-                f"; limit: {adv['limit']} (reader ceiling "
-                f"{adv['reader_ceiling_examples_per_second']:,} examples/s, {how})"
+            ceiling = adv["reader_ceiling_examples_per_second"]
+            limit = f"; limit: {adv['limit']}" + (
+                f" (reader ceiling {ceiling:,} examples/s, {how})" if ceiling is not None else ""
             )
         rows.append(
             f"| {model}: advisor | input wait {adv['input_wait_fraction']:.1%} of "

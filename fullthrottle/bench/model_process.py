@@ -219,6 +219,7 @@ def trainer_model(
             "ours_paired_median": statistics.median(paired_mfu),
             "ours_paired_min": min(paired_mfu),
             "ours_paired_max": max(paired_mfu),
+            "ours_paired": paired_mfu,
             "ours_contender": mfu_contender,
             "ours_ceiling_dtype": compute_dtype(ours.policy),
             "tfx_example": base_eps * flops["training"] / ceilings["float32"]["flops_per_second"],

@@ -229,6 +229,26 @@ def test_mfu_is_decided_by_the_interval_of_its_windows():
     assert target["met"] is False and "paired_interval" not in target
 
 
+def test_the_advisor_row_names_the_readers_ceiling_only_when_there_is_one():
+    latest = json.loads((REPO / "bench" / "results" / "LATEST.json").read_text(encoding="utf-8"))
+    entry = latest["results"]["trainer"]["transformer"]
+
+    def advisor_row(**advisor):
+        model = {**entry, "advisor": {**entry["advisor"], **advisor}}
+        rows = trainer_bench.rows({"transformer": model}, lambda name: "")
+        return next(r for r in rows if r.startswith("| transformer: advisor |"))
+
+    assert "limit: compute (reader ceiling 12,345 examples/s, measured) |" in advisor_row(
+        reader_ceiling_examples_per_second=12_345
+    )
+    row = advisor_row(
+        limit="batch hand-off",
+        reader_ceiling_examples_per_second=None,
+        reader_ceiling_measured=False,
+    )
+    assert "limit: batch hand-off |" in row and "ceiling" not in row
+
+
 def test_transformer_flops_follow_the_documented_formula(text_data):
     s, d, f, classes = 12, 16, 32, 3
     width = 2 + d  # numeric features + pooled text

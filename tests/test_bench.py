@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
@@ -35,6 +36,7 @@ from fullthrottle.bench.trainer import (
 )
 from tests.bench_data import write_synthetic_training_data
 from trainer_module.training import TrainingConfig
+from trainer_module.training.advisor import classify
 
 TINY = suite.sizes_for(
     "quick",
@@ -184,6 +186,69 @@ def test_a_verdict_is_decided_only_when_the_interval_clears_the_line():
     assert few["met"] and not few["decided"] and "too few pairs for a 90% interval" in row
 
 
+def _mfu_verdict(paired: list[float]) -> tuple[dict, str]:
+    """The Transformer MFU target's verdict and text for these per-window MFUs."""
+    mfu = {
+        "ours": statistics.median(paired),
+        "ours_paired_median": statistics.median(paired),
+        "ours_paired": paired,
+    }
+    (target,) = [
+        t
+        for t in verdicts.judge({"trainer": {"transformer": {"mfu": mfu}}})
+        if t["name"] == "transformer_mfu"
+    ]
+    return target, verdicts.verdict_text(target)
+
+
+def test_mfu_is_decided_by_the_interval_of_its_windows():
+    # 13 windows: the interval x(4)-x(10). Wholly above 0.70: met; wholly below: NOT met.
+    above, text = _mfu_verdict([0.72 + 0.001 * i for i in range(13)])
+    assert above["met"] and above["decided"] and text == ">= 0.7: met"
+    below, text = _mfu_verdict([0.60 + 0.001 * i for i in range(13)])
+    assert not below["met"] and below["decided"] and text == ">= 0.7: NOT met"
+    # Straddling the line (median 0.698, interval 0.692-0.704): undecided, and says so.
+    straddle, text = _mfu_verdict([0.686 + 0.002 * i for i in range(13)])
+    assert straddle["paired_interval"]["low"] < 0.7 <= straddle["paired_interval"]["high"]
+    assert not straddle["met"] and not straddle["decided"]
+    assert "NOT met (undecided: the paired median's 91% interval 0.692-0.704 contains" in text
+    # Readings from before the windows' MFUs were recorded: recomputed from the contender's
+    # and the ceiling's samples, window by window (the committed LATEST.json is one).
+    latest = json.loads((REPO / "bench" / "results" / "LATEST.json").read_text(encoding="utf-8"))
+    for model in ("transformer", "tabular"):
+        m = latest["results"]["trainer"][model]
+        paired = trainer_bench.mfu_paired(m)
+        assert paired is not None and "ours_paired" not in m["mfu"]
+        assert statistics.median(paired) == pytest.approx(m["mfu"]["ours_paired_median"])
+        assert (min(paired), max(paired)) == pytest.approx(
+            (m["mfu"]["ours_paired_min"], m["mfu"]["ours_paired_max"])
+        )
+    # Without either: judged on the value alone, no interval, no "decided".
+    bare = verdicts.judge({"trainer": {"transformer": {"mfu": {"ours": 0.5}}}})
+    (target,) = [t for t in bare if t["name"] == "transformer_mfu"]
+    assert target["met"] is False and "paired_interval" not in target
+
+
+def test_the_advisor_row_names_the_readers_ceiling_only_when_there_is_one():
+    latest = json.loads((REPO / "bench" / "results" / "LATEST.json").read_text(encoding="utf-8"))
+    entry = latest["results"]["trainer"]["transformer"]
+
+    def advisor_row(**advisor):
+        model = {**entry, "advisor": {**entry["advisor"], **advisor}}
+        rows = trainer_bench.rows({"transformer": model}, lambda name: "")
+        return next(r for r in rows if r.startswith("| transformer: advisor |"))
+
+    assert "limit: compute (reader ceiling 12,345 examples/s, measured) |" in advisor_row(
+        reader_ceiling_examples_per_second=12_345
+    )
+    row = advisor_row(
+        limit="batch hand-off",
+        reader_ceiling_examples_per_second=None,
+        reader_ceiling_measured=False,
+    )
+    assert "limit: batch hand-off |" in row and "ceiling" not in row
+
+
 def test_transformer_flops_follow_the_documented_formula(text_data):
     s, d, f, classes = 12, 16, 32, 3
     width = 2 + d  # numeric features + pooled text
@@ -226,21 +291,35 @@ def test_trainer_benchmark_on_tiny_transformer(text_data, tmp_path, monkeypatch)
     phases = result["phase_seconds"]
     assert set(phases) == {"build_and_warm_up", "alternated_windows", "reader"}
     assert all(seconds > 0 for seconds in phases.values()), phases
-    assert result["mfu"]["ours"] > 0 and result["mfu"]["tfx_example"] > 0
     assert result["mfu"]["ours_ceiling_dtype"] == "float32"
     # The ceiling was a contender: one sample per repetition, each MFU over its neighbour.
-    assert len(result["matmul_ceiling"]["float32"]["samples"]) == TRAINER.repeats
-    mfu = result["mfu"]
-    assert mfu["ours_paired_min"] <= mfu["ours_paired_median"] <= mfu["ours_paired_max"]
+    ceiling = result["matmul_ceiling"]["float32"]
+    assert len(ceiling["samples"]) == TRAINER.repeats
+    mfu, flops = result["mfu"], result["flops_per_example"]["training"]
+    untrimmed = result["trimmed_vs_untrimmed"]["ours_untrimmed"]
+    assert mfu["ours"] == pytest.approx(untrimmed["median"] * flops / ceiling["flops_per_second"])
+    assert mfu["tfx_example"] == pytest.approx(
+        result["vs_tfx_example"]["tfx_example"]["median"] * flops / ceiling["flops_per_second"]
+    )
+    paired = [r * flops / c for r, c in zip(untrimmed["values"], ceiling["samples"], strict=True)]
+    assert mfu["ours_paired"] == pytest.approx(paired)
+    assert mfu["ours_paired_median"] == pytest.approx(statistics.median(paired))
+    assert (mfu["ours_paired_min"], mfu["ours_paired_max"]) == (min(paired), max(paired))
     # Every synthetic text fills its 12 tokens: nothing to cut. MFU comes from the untrimmed
     # loop, the one that computes the FLOPs it is credited with.
     assert result["trimmed_length"] == {"mean": 12, "min": 12, "max": 12, "full": 12}
     assert result["mfu"]["ours_contender"] == "ours_untrimmed"
-    assert result["advisor"]["classification"] in (
-        "not input-bound",
-        "moderately input-bound",
-        "highly input-bound",
+    # The advisor's band is its own split's (no cached-input figure of the benchmark's covers a
+    # float32 Transformer), and the split adds up.
+    advisor = result["advisor"]
+    assert advisor["input_wait_fraction"] == pytest.approx(
+        advisor["input_wait_ms"] / advisor["step_time_ms"], abs=1e-3
     )
+    assert advisor["compute_ms"] == pytest.approx(
+        advisor["step_time_ms"] - advisor["input_wait_ms"], abs=1e-3
+    )
+    assert advisor["classification"] == classify(advisor["input_wait_fraction"])
+    assert advisor["precision_policy"] == result["precision_policy"] == "float32"
     # The advisor row reports the reader's ceiling as measured on these files.
     assert result["advisor"]["reader_ceiling_measured"] is True
     assert result["advisor"]["reader_ceiling_examples_per_second"] == round(
@@ -295,7 +374,11 @@ def test_tabular_trainer_benchmark_times_fit_in_its_own_window(tmp_path):
         "side_by_side_window_steps": 6,
     }
     for key in ("vs_tfx_example", "input_efficiency"):
-        assert result[key]["ratio"] > 0
+        entry = result[key]
+        assert entry["ratio"] == pytest.approx(
+            entry[entry["numerator"]]["median"] / entry[entry["denominator"]]["median"]
+        )
+    assert efficiency["input_cached"] is True  # `cache: auto` on 64 rows: cached
     assert "fused_vs_unfused" not in result and "trimmed_vs_untrimmed" not in result
     assert result["phase_seconds"]["input_efficiency_pairs"] > 0
 
@@ -310,6 +393,7 @@ def test_tabular_trainer_benchmark_times_fit_in_its_own_window(tmp_path):
     assert [run["pairs"] for run in pooled["runs"]] == [own_pairs, 3]
     assert pooled["runs"][0]["paired_median"] == efficiency["paired_median"]
     assert pooled["pairs"]["more_processes"] == 1
+    assert pooled["input_cached"] is True  # what the advisor's cached-input figure rests on
     assert pooled["pairs"]["side_by_side_per_more_process"] == 3
     assert result["phase_seconds"]["input_efficiency_processes"] > 0
     log = (tmp_path / "work" / "trainer-tabular-input-1" / "stderr.log").read_text()

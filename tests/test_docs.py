@@ -185,6 +185,32 @@ def test_the_docs_benchmark_figures_are_generated_from_latest_json():
     assert {"latest", "targets", "sizes"} <= set(performance)
 
 
+# What a benchmark figure looks like in prose: a ratio (0.90x), a rate of five or more digits
+# (275,011), a rate in thousands (317k), a range of ratios (0.75-0.86), "17 s vs 47 s".
+_FIGURE = re.compile(
+    r"\b\d+\.\d+x\b|\b\d{2,3}(,\d{3})+\b|\b\d+,\d{3},\d{3}\b|\b\d+(\.\d+)?k\b"
+    r"|\b0\.\d+-[01]\.\d+\b|\b\d+(\.\d+)? s vs \d+(\.\d+)? s\b"
+)
+
+
+@pytest.mark.parametrize("name", ["README.md", "performance.md"])
+def test_the_benchmark_pages_quote_figures_only_in_generated_blocks(name):
+    """README.md and docs/performance.md quote benchmark figures only inside generated blocks
+    (checked against LATEST.json above): a figure typed into their prose goes stale unseen."""
+    path = REPO / name if name == "README.md" else REPO / "docs" / name
+    text = _outside_generated_blocks(path.read_text(encoding="utf-8"))
+    found = [
+        f"{name}:{number}: {match.group(0)}"
+        for number, line in enumerate(text.splitlines(), start=1)
+        for match in _FIGURE.finditer(line)
+    ]
+    assert not found, found
+    # The check finds each kind of figure the pages once held in prose.
+    for typed in ("2.3x", "275,011", "317k", "0.75-0.86", "17 s vs 47 s", "1,269,638"):
+        assert _FIGURE.search(f"measured {typed} here"), typed
+    assert not _FIGURE.search("one record per 1,024 rows, 48 tokens, >= 20%, batch 64")
+
+
 def _outside_generated_blocks(text: str) -> str:
     from fullthrottle.bench.docs import outside_blocks
 

@@ -17,7 +17,7 @@ from fullthrottle.bench.workloads import TrainingData
 from fullthrottle.core.config import load_config
 from tests.training_data import feature_spec, tabular_inputs, text_inputs, write_records
 from trainer_module.training import MODELS, ConfigError, TrainingConfig, build_model, train
-from trainer_module.training.advisor import StepTimeMeasurements, advise
+from trainer_module.training.advisor import BenchFigures, StepTimeMeasurements, advise
 from trainer_module.training.hardware import DeviceFacts
 from trainer_module.training.models import base
 
@@ -120,17 +120,27 @@ def test_a_registered_model_is_configured_built_trained_advised_and_counted(toy,
         result.serving_model(batch).numpy(), result.model(batch).numpy(), rtol=1e-6
     )
 
-    # The advisor asks the registry for the model's own levers (a compute-bound run of it).
+    # The advisor asks the registry for the model's own levers (a compute-bound run of it), and
+    # offers one where the benchmark measured it faster for this model and precision.
     device = DeviceFacts(cpu_flags=frozenset({"avx512_bf16"}), cpu_count=2)
     measured = StepTimeMeasurements(
         0.2, 0.001, 100, 3, 64, "float32", model_kind=result.facts.model_kind
     )
-    items = {item["field"]: item["value"] for item in advise(measured, config, device)["advice"]}
+    lever = {"model": "toy", "precision": "float32", "field": "models.toy.width", "value": 32}
+    figures = BenchFigures(
+        {"device": {"kind": "cpu"}, "levers": [{**lever, "ratio": 1.2, "interval": None}]}
+    )
+    report = advise(measured, config, device, figures)
+    items = {item["field"]: item["value"] for item in report["advice"]}
     assert items["training.models.toy.width"] == 32
     assert not any("transformer" in field for field in items)
     wide = config.with_model_options("toy", width=64)
     assert "training.models.toy.width" not in {
-        item["field"] for item in advise(measured, wide, device)["advice"]
+        item["field"] for item in advise(measured, wide, device, figures)["advice"]
+    }
+    # Without a figure of the toy model's: not advised.
+    assert "training.models.toy.width" not in {
+        item["field"] for item in advise(measured, config, device, BenchFigures())["advice"]
     }
 
     # The bench's FLOP count is the registry's.

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fullthrottle.bench.advisor_figures import FIGURES_FILE, update_figures
 from fullthrottle.bench.benchmarks import BENCHMARKS
 from fullthrottle.bench.benchmarks.base import REPO, entry_at
 from fullthrottle.bench.results import LATEST, latest_markdown, replace_file
@@ -104,6 +105,29 @@ def reader_per_core(latest: Mapping[str, Any]) -> str:
 WIDE_AND_DEEP_A100 = (1_269_638, 1_997_414)
 
 
+def wide_and_deep_a100(latest: Mapping[str, Any]) -> str:
+    """The published A100 rates the input-cores table divides by (one source: the constant)."""
+    low, high = WIDE_AND_DEEP_A100
+    return f"TF32 without XLA {low:,} samples/s; mixed precision + XLA {high:,}"
+
+
+def loop_vs_fit(latest: Mapping[str, Any]) -> str:
+    """Our loop / a strong `fit` given the same options, per model: the ratio the target is
+    judged on (the lower of the ratio of medians and the paired median) and its interval."""
+    parts = []
+    for model in ("transformer", "tabular"):
+        entry = _reading(latest, "trainer", model, "vs_strong_fit")
+        value = min(entry["ratio"], entry.get("paired_median", entry["ratio"]))
+        interval = entry.get("paired_interval")
+        spread = (
+            f" ({interval['coverage']:.0%} interval {interval['low']:.2f}-{interval['high']:.2f})"
+            if interval
+            else ""
+        )
+        parts.append(f"{model} {value:.2f}x{spread}")
+    return ", ".join(parts)
+
+
 def input_cores_per_gpu(latest: Mapping[str, Any]) -> str:
     """Input cores per GPU at Wide & Deep's published A100 rates, at the reader's latest rates."""
     low, high = WIDE_AND_DEEP_A100
@@ -125,6 +149,8 @@ BLOCKS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "beam-scaling": beam_scaling,
     "reader-per-core": reader_per_core,
     "input-cores-per-gpu": input_cores_per_gpu,
+    "wide-and-deep-a100": wide_and_deep_a100,
+    "loop-vs-fit": loop_vs_fit,
 }
 
 
@@ -156,14 +182,18 @@ def outside_blocks(page: str) -> str:
 
 
 def update_pages(latest_path: Path = LATEST_JSON, pages: tuple[Path, ...] = PAGES) -> list[Path]:
-    """Renders ``LATEST.md`` beside ``latest_path`` and the generated blocks of ``pages`` from
-    it again (after a change of a renderer); the files it changed."""
+    """Renders ``LATEST.md`` beside ``latest_path``, the generated blocks of ``pages`` and (for
+    the repo's own pages) the advisor's figures file from it again (after a change of a
+    renderer); the files it changed."""
     latest = json.loads(latest_path.read_text(encoding="utf-8"))
     changed = []
     markdown = latest_path.with_suffix(".md")
     if not markdown.exists() or markdown.read_text(encoding="utf-8") != latest_markdown(latest):
         replace_file(markdown, latest_markdown(latest))
         changed.append(markdown)
+    # The advisor's figures: package data of the training library, from the same document.
+    if pages == PAGES and update_figures(latest):
+        changed.append(FIGURES_FILE)
     for path in pages:
         page = path.read_text(encoding="utf-8")
         new = render_page(page, latest)

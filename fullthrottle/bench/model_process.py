@@ -159,12 +159,13 @@ def trainer_model(
     from trainer_module.training.inputs import resolve_cache
 
     steady = [r for r in ours.records[1:]]
+    input_cached = resolve_cache(config, data.train_files)[0]
     advice = advise(
         measurements_from_history(
             steady,
             global_batch_size=ours.batch.global_batch,
             precision_policy=ours.policy,
-            input_cached=resolve_cache(config, data.train_files)[0],
+            input_cached=input_cached,
             model_kind=kind,
             reader_examples_per_second=reader_examples_per_second,
         ),
@@ -190,6 +191,9 @@ def trainer_model(
         },
         "input_efficiency": {
             **ratio_entry(input_samples, "ours", "ours_in_memory"),
+            # Whether ours read cached input (`cache` resolved on the bench's files): the
+            # advisor's cached-vs-in-memory figure (fullthrottle/bench/advisor_figures.py).
+            "input_cached": input_cached,
             "pairs": {
                 "with_every_contender": repeats,
                 "side_by_side_only": input_pairs,
@@ -215,6 +219,7 @@ def trainer_model(
             "ours_paired_median": statistics.median(paired_mfu),
             "ours_paired_min": min(paired_mfu),
             "ours_paired_max": max(paired_mfu),
+            "ours_paired": paired_mfu,
             "ours_contender": mfu_contender,
             "ours_ceiling_dtype": compute_dtype(ours.policy),
             "tfx_example": base_eps * flops["training"] / ceilings["float32"]["flops_per_second"],

@@ -10,16 +10,25 @@ then train again. :func:`advise` is a pure function of the measurements, the con
 device facts; :func:`advise_result` asks ``hardware.device_facts`` about this machine unless
 told.
 
-Refuses to advise what the device cannot use: no ``mixed_bfloat16`` on a CPU without
-AVX512_BF16/AMX-BF16, no ``mixed_float16`` without a GPU of compute capability >= 7.0 (never on
-a CPU), no XLA with bf16 on a CPU (measured slower than bf16 alone on the project's CI CPUs:
-276 vs 374 examples/s, docs/performance.md).
+A lever that changes speed (precision, ``jit_compile``, a model's own options, pre-batched
+copies) is advised only where the benchmark measured it faster for that model and precision on
+that kind of device, and its advice quotes that figure: the figures are
+``bench_figures.json`` beside this module, which ``fullthrottle bench`` writes from
+``bench/results/LATEST.json`` (the Trainer runs from an installed package, where
+``bench/results`` is not). A lever without such a figure, or measured no faster, is not
+advised. Never ``jit_compile`` with the Transformer's padding trimming (XLA turns trimming
+off); never a precision the device cannot use (no ``mixed_bfloat16`` on a CPU without
+AVX512_BF16/AMX-BF16, no ``mixed_float16`` without a GPU of compute capability >= 7.0).
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trainer_module.training import metrics
@@ -55,18 +64,115 @@ CHECKPOINT_MIN_SECONDS = 1.0
 # 0.7-1.3 ms steps from a full prefetch buffer, and 0.07 ms per 0.21 ms tabular step when the
 # loop's own get_next takes them (as it takes cached batches, see inputs.make_dataset).
 HANDOFF_WAIT_SECONDS = 1e-4
-# The streaming reader's cost, in tabular examples per CPU-second (one core), as the benchmark's
-# "streaming reader alone" row measured it on 2-core CPUs (docs/performance.md, "Input cores
-# per GPU"): ~2-3 us of CPU per example (read + gunzip + parse), its chunks and batches aside.
-# Used to say how many input cores a run needs when the run gives no measurement of its own.
-READER_EXAMPLES_PER_CORE_SECOND = 250_000
-# The same reader on pre-batched copies (`input_snapshot_dir`), as the benchmark's "reader on
-# pre-batched copies" row measured it (0.83-1.1M on a 2-core CPU; docs/performance.md, "Input
-# cores per GPU"): the read and parse are one op per 1,024 rows, the shuffle and cut remain.
-PREBATCHED_EXAMPLES_PER_CORE_SECOND = 800_000
+# The benchmark's figures (see the module's docstring), shipped with the training library.
+BENCH_FIGURES_FILE = Path(__file__).with_name("bench_figures.json")
 # The run's host work between loops is called the limit when it is at least this share of the
 # training time and more than the input wait.
 HOST_LIMIT_SHARE = 0.10
+
+
+def _device_kind(device: DeviceFacts) -> str:
+    return "gpu" if device.has_gpu else "cpu"
+
+
+@dataclass(frozen=True)
+class BenchFigures:
+    """The benchmark's measured figures the advisor may quote (``bench_figures.json``, written
+    by ``fullthrottle/bench/advisor_figures.py`` from ``LATEST.json``): levers on vs off,
+    cached vs in-memory input, pre-batched copies vs streaming, the reader's rate per core and
+    bf16 vs float32 matmuls, each for the model, precision and kind of device it was measured
+    on. Each lookup returns None where the benchmark has no figure."""
+
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def device_kind(self) -> str | None:
+        return (self.data.get("device") or {}).get("kind")
+
+    @property
+    def machine(self) -> str:
+        device = self.data.get("device") or {}
+        return f"the benchmark's {device.get('cpu') or 'machine'}"
+
+    def _match(
+        self, key: str, model: str | None, precision: str, device: DeviceFacts, **extra: Any
+    ) -> list[Mapping[str, Any]]:
+        if model is None or self.device_kind != _device_kind(device):
+            return []
+        return [
+            f
+            for f in self.data.get(key) or []
+            if f.get("model") == model
+            and f.get("precision") == precision
+            and all(f.get(k) == v for k, v in extra.items())
+        ]
+
+    def lever(
+        self, field_name: str, value: Any, model: str | None, precision: str, device: DeviceFacts
+    ) -> Mapping[str, Any] | None:
+        """The lever's on/off figure for this model, precision and kind of device."""
+        found = self._match("levers", model, precision, device, field=field_name, value=value)
+        return found[0] if found else None
+
+    def cached_vs_in_memory(
+        self, model: str | None, precision: str, device: DeviceFacts
+    ) -> Mapping[str, Any] | None:
+        found = self._match("cached_vs_in_memory", model, precision, device)
+        return found[0] if found else None
+
+    def copies(
+        self, model: str | None, precision: str, device: DeviceFacts, global_batch_size: int
+    ) -> Mapping[str, Any] | None:
+        """The copies' figure at the measured batch size nearest (by ratio) to the run's."""
+        found = self._match("copies", model, precision, device)
+        if not found or global_batch_size <= 0:
+            return None
+        return min(found, key=lambda f: abs(math.log(f["global_batch_size"] / global_batch_size)))
+
+    def reader_per_core(self, *, prebatched: bool = False) -> float | None:
+        """The streaming reader's tabular examples per CPU-second, from the records or from
+        pre-batched copies (CPU work: it holds for a GPU host's input cores too)."""
+        rates = self.data.get("reader_per_core") or {}
+        return rates.get("prebatched" if prebatched else "records")
+
+    def bf16_matmuls(self, device: DeviceFacts) -> Mapping[str, Any] | None:
+        """bf16 vs float32 matmul rates, measured on a CPU with native bf16."""
+        figure = self.data.get("bf16_vs_float32_matmuls")
+        device_facts_ = self.data.get("device") or {}
+        if figure is None or device.has_gpu or self.device_kind != "cpu":
+            return None
+        return figure if device_facts_.get("cpu_bf16") else None
+
+
+@functools.cache
+def bench_figures() -> BenchFigures:
+    """The figures shipped with the training library (none if the file is missing)."""
+    if not BENCH_FIGURES_FILE.exists():
+        return BenchFigures()
+    return BenchFigures(json.loads(BENCH_FIGURES_FILE.read_text(encoding="utf-8")))
+
+
+def measured_faster(figure: Mapping[str, Any] | None) -> bool:
+    """A lever's on/off figure says it is faster: the ratio above 1, and its interval (when it
+    has one) wholly above 1."""
+    if not figure or figure.get("ratio") is None or figure["ratio"] <= 1:
+        return False
+    interval = figure.get("interval")
+    return interval is None or interval["low"] > 1
+
+
+def quote(figure: Mapping[str, Any], figures: BenchFigures) -> str:
+    """``measured 1.24x (94% interval 1.18-1.43) ... on the benchmark's <cpu>``."""
+    interval = figure.get("interval")
+    spread = (
+        f" ({interval['coverage']:.0%} interval {interval['low']:.2f}-{interval['high']:.2f})"
+        if interval
+        else ""
+    )
+    return (
+        f"measured {figure['ratio']:.2f}x{spread} for the {figure['model']} model in "
+        f"{figure['precision']} on {figures.machine}"
+    )
 
 
 @dataclass(frozen=True)
@@ -90,8 +196,11 @@ class StepTimeMeasurements:
     checkpoint_seconds: float = 0.0
     checkpoints: int = 0  # periodic saves in the measured loops
     # The reader's own ceiling on this machine, examples/s (None = not measured: the advisor
-    # then estimates it from READER_EXAMPLES_PER_CORE_SECOND and the machine's cores).
+    # then estimates it from the benchmark's reader rate per core and the machine's cores).
     reader_examples_per_second: float | None = None
+    # Rows of the training split (None = unknown): with train_steps, how many times the run
+    # reads its data, which pre-batched copies must exceed to pay for their write pass.
+    training_rows: int | None = None
 
     @property
     def training_seconds(self) -> float:
@@ -128,6 +237,7 @@ def measurements_from_history(
     input_cached: bool | None = None,
     model_kind: str | None = None,
     reader_examples_per_second: float | None = None,
+    training_rows: int | None = None,
 ) -> StepTimeMeasurements:
     """From the controller's loop records (``wall_time``, ``steps``, ``input_wait_time``).
 
@@ -154,6 +264,7 @@ def measurements_from_history(
         checkpoint_seconds=sum(saving) / per,
         checkpoints=sum(1 for t in saving if t > 0),
         reader_examples_per_second=reader_examples_per_second,
+        training_rows=training_rows,
     )
 
 
@@ -169,9 +280,48 @@ def _item(field_name: str, value: Any, why: str) -> dict[str, Any]:
     return {"field": f"training.{field_name}", "value": value, "why": why}
 
 
-def _input_advice(
-    config: TrainingConfig, device: DeviceFacts, input_cached: bool | None = None
+def copies_break_even(copy: Mapping[str, Any]) -> float | None:
+    """Epochs after which pre-batched copies have paid for their write pass, from the
+    benchmark's figure: the write pass's time over what each epoch of the same rows saves
+    (None when the copies were not measured faster)."""
+    saving = copy["rows"] * (
+        1 / copy["streaming_examples_per_second"] - 1 / copy["copies_examples_per_second"]
+    )
+    return copy["write_seconds"] / saving if saving > 0 else None
+
+
+def _copies_advice(
+    m: StepTimeMeasurements, config: TrainingConfig, device: DeviceFacts, figures: BenchFigures
 ) -> list[dict[str, Any]]:
+    """Pre-batched copies, only for a run that reads its data more times than the measured
+    break-even (its rows and the copies' figure for its model and precision known)."""
+    if m.input_cached or config.input_snapshot_dir or not m.training_rows:
+        return []
+    copy = figures.copies(m.model_kind, m.precision_policy, device, m.global_batch_size)
+    even = copies_break_even(copy) if copy else None
+    epochs = config.train_steps * m.global_batch_size / m.training_rows
+    if even is None or epochs <= even:
+        return []
+    return [
+        _item(
+            "input_snapshot_dir",
+            "<a folder>",
+            "the first run writes a pre-batched copy of each training file there (one record "
+            "per 1,024 parsed rows) and every later epoch reads it instead of the records: on "
+            f"{figures.machine} writing them took {copy['write_seconds']:.1f} s for "
+            f"{copy['rows']:,} rows, and an epoch then ran at "
+            f"{copy['copies_examples_per_second']:,.0f} vs "
+            f"{copy['streaming_examples_per_second']:,.0f} examples/s (the {copy['model']} "
+            f"model, {copy['precision']}, batch {copy['global_batch_size']}): paid back after "
+            f"{even:.1f} epochs, and this run reads its data {epochs:.1f} times",
+        )
+    ]
+
+
+def _input_advice(
+    m: StepTimeMeasurements, config: TrainingConfig, device: DeviceFacts, figures: BenchFigures
+) -> list[dict[str, Any]]:
+    input_cached = m.input_cached
     advice = []
     if config.num_parallel_calls is not None and config.num_parallel_calls < device.cpu_count:
         advice.append(
@@ -204,18 +354,7 @@ def _input_advice(
                 "the transformed training split must fit in RAM)",
             )
         )
-    if not input_cached and not config.input_snapshot_dir:
-        advice.append(
-            _item(
-                "input_snapshot_dir",
-                "<a folder>",
-                "the first run writes a pre-batched copy of each training file there (one "
-                "record per 1,024 parsed rows, about half the records' size); every later epoch "
-                "and run on the same Transform output reads it at a fraction of the records' "
-                f"CPU cost (~{PREBATCHED_EXAMPLES_PER_CORE_SECOND:,} vs "
-                f"~{READER_EXAMPLES_PER_CORE_SECOND:,} tabular examples per core-second)",
-            )
-        )
+    advice += _copies_advice(m, config, device, figures)
     if config.prefetch_buffer_size is not None:
         advice.append(
             _item(
@@ -312,50 +451,46 @@ def _checkpoint_advice(m: StepTimeMeasurements, config: TrainingConfig) -> list[
 
 
 def _compute_advice(
-    m: StepTimeMeasurements, config: TrainingConfig, device: DeviceFacts
+    m: StepTimeMeasurements, config: TrainingConfig, device: DeviceFacts, figures: BenchFigures
 ) -> list[dict[str, Any]]:
     advice = []
-    if m.precision_policy == "float32":
-        if device.has_gpu and device.gpu_float16:
-            advice.append(
-                _item(
-                    "precision",
-                    "mixed_float16",
-                    "the GPU has tensor cores: matmuls run several times faster in 16-bit "
-                    "(variables stay float32; float16 gets loss scaling)",
-                )
-            )
-        elif not device.has_gpu and device.cpu_bf16:
+    if m.precision_policy == "float32" and not device.has_gpu and device.cpu_bf16:
+        # Measured on a CPU with native bf16 (the benchmark's matmul ceilings); a GPU's
+        # float16 has no figure of the benchmark's, so it is not advised.
+        matmuls = figures.bf16_matmuls(device)
+        if matmuls and matmuls["ratio"] > 1:
             advice.append(
                 _item(
                     "precision",
                     "mixed_bfloat16",
-                    "this CPU has native bf16 (AVX512_BF16/AMX): oneDNN matmuls about 2x the "
-                    "float32 rate (measured 410 vs 213 GFLOP/s on the CI machine)",
+                    "this CPU has native bf16 (AVX512_BF16/AMX): oneDNN matmuls measured "
+                    f"{matmuls['ratio']:.2f}x the float32 rate on {figures.machine} "
+                    f"({matmuls['bfloat16_gflops']:.0f} vs {matmuls['float32_gflops']:.0f} "
+                    "GFLOP/s); compare examples/s before keeping it",
                 )
             )
-    # The model's own levers (the registry's advice for the model that ran).
+    # The model's own levers (the registry's advice for the model that ran), where the
+    # benchmark measured them faster for this model and precision.
     if m.model_kind in MODELS:
         spec = MODELS[m.model_kind]
         for lever in spec.advice(config.model_options(spec.name), config):
-            advice.append(_item(f"models.{spec.name}.{lever.option}", lever.value, lever.why))
-    # jit_compile switches the Transformer's padding trimming off (trims_padding), and XLA
-    # without trimming measured 0.36-0.48x of the plain trimmed step here: never advised then.
+            name = f"models.{spec.name}.{lever.option}"
+            figure = figures.lever(name, lever.value, spec.name, m.precision_policy, device)
+            if measured_faster(figure):
+                advice.append(_item(name, lever.value, f"{lever.why}; {quote(figure, figures)}"))
+    # jit_compile switches the Transformer's padding trimming off (trims_padding): never
+    # advised then, whatever XLA measured. Otherwise only where measured faster.
     trimming = m.model_kind == "transformer" and getattr(
         config.model_options("transformer"), "trim_padding", False
     )
     if not config.jit_compile and not trimming:
-        if device.has_gpu:
-            advice.append(
-                _item("jit_compile", True, "XLA fuses the step's elementwise ops into its matmuls")
-            )
-        elif m.precision_policy == "float32":
+        figure = figures.lever("jit_compile", True, m.model_kind, m.precision_policy, device)
+        if measured_faster(figure):
             advice.append(
                 _item(
                     "jit_compile",
                     True,
-                    "XLA fuses elementwise ops on CPU too (measured about +8% for a float32 "
-                    "Transformer); compare examples/s before keeping it",
+                    f"XLA fuses the step's elementwise ops into its matmuls; {quote(figure, figures)}",
                 )
             )
     if m.step_seconds < SMALL_STEP_SECONDS:
@@ -391,27 +526,54 @@ def _compute_advice(
     return advice
 
 
+def cached_no_slower(figure: Mapping[str, Any] | None) -> bool:
+    """The benchmark's cached vs in-memory figure says in-memory batches are no faster: the
+    ratio's interval (when it has one) reaches 1, else the ratio does."""
+    if not figure or figure.get("ratio") is None:
+        return False
+    interval = figure.get("interval")
+    return (interval["high"] if interval else figure["ratio"]) >= 1
+
+
 def advise(
-    measurements: StepTimeMeasurements, config: TrainingConfig, device: DeviceFacts
+    measurements: StepTimeMeasurements,
+    config: TrainingConfig,
+    device: DeviceFacts,
+    figures: BenchFigures | None = None,
 ) -> dict[str, Any]:
     """The advisor's verdict for one run, JSON-ready.
 
     Returns ``classification`` (one of the three bands), the step-time split in milliseconds,
     ``advice`` (a list of ``{"field", "value", "why"}``; ``value`` None means "unset it:
     automatic") — input-pipeline knobs first when the run waits on input, compute knobs first
-    otherwise — and ``notes`` (caveats about the measurement itself).
+    otherwise — and ``notes`` (caveats about the measurement itself). ``figures``: the
+    benchmark's (:func:`bench_figures`, shipped with the library, unless given).
     """
     m = measurements
+    figures = bench_figures() if figures is None else figures
     fraction = m.input_wait_fraction
     band = classify(fraction)
+    notes = []
+    # Cached input whose in-memory twin the benchmark measured no faster: the wait is the
+    # batches' hand-off, not the input's, and no input setting shrinks it.
+    twin = figures.cached_vs_in_memory(m.model_kind, m.precision_policy, device)
+    if band != NOT_INPUT_BOUND and m.input_cached and cached_no_slower(twin):
+        notes.append(
+            f"the input was cached in memory and waited {m.input_wait_seconds * 1e3:.3f} ms per "
+            f"step ({fraction:.1%}); cached input {quote(twin, figures)} against batches "
+            "already in memory, so the wait is the batches' hand-off to the loop, not the "
+            "input pipeline: counted as not input-bound; fewer, larger batches shrink it"
+        )
+        band = NOT_INPUT_BOUND
     # Checkpoints are time outside the loop's input/compute split: first whatever the band.
     advice = _checkpoint_advice(m, config)
     if band == NOT_INPUT_BOUND:
-        advice += _compute_advice(m, config, device)
+        advice += _compute_advice(m, config, device, figures)
     elif band == MODERATELY_INPUT_BOUND:
-        advice += _input_advice(config, device, m.input_cached) + _compute_advice(m, config, device)
+        advice += _input_advice(m, config, device, figures)
+        advice += _compute_advice(m, config, device, figures)
     else:
-        advice += _input_advice(config, device, m.input_cached)
+        advice += _input_advice(m, config, device, figures)
     # One item per field: the first (most relevant) reason wins.
     seen: set[str] = set()
     unique = []
@@ -419,7 +581,6 @@ def advise(
         if item["field"] not in seen:
             seen.add(item["field"])
             unique.append(item)
-    notes = []
     if band != NOT_INPUT_BOUND and m.input_cached and m.input_wait_seconds < HANDOFF_WAIT_SECONDS:
         notes.append(
             f"the input was cached in memory and the wait is {m.input_wait_seconds * 1e3:.3f} ms "
@@ -428,30 +589,40 @@ def advise(
             "so input-pipeline settings will not shrink it; fewer, larger batches will"
         )
     limit = _limit(m, band)
-    ceiling, measured = _reader_ceiling(m, device)
-    if limit == "reader" and not m.input_cached:
+    ceiling, measured = _reader_ceiling(m, device, figures)
+    if limit == "reader" and ceiling:
         cores_needed = m.global_batch_size / m.training_seconds / (ceiling / device.cpu_count)
+        copies = (
+            "write the Transform output as pre-batched records once (training.input_snapshot_dir: "
+            "one record per 1,024 rows, read by every later epoch and run), "
+            if "training.input_snapshot_dir" in seen
+            else ""
+        )
         notes.append(
             f"the reader limits this run: its ceiling is ~{ceiling:,.0f} examples/s on "
             f"{device.cpu_count} core(s) ({'measured' if measured else 'estimated from the benchmark'}"
             f"), the model would take ~{m.global_batch_size / max(m.compute_seconds, 1e-9):,.0f}. "
-            f"Feeding it takes ~{cores_needed:.1f} input cores at this pace: write the "
-            "Transform output as pre-batched records once (training.input_snapshot_dir: one "
-            "record per 1,024 rows, read by every later epoch and run), give the input more "
-            "threads (num_parallel_calls / interleave_cycle_length None, several input files), "
-            "or move parsing to other machines' cores with the tf.data service"
+            f"Feeding it takes ~{cores_needed:.1f} input cores at this pace: {copies}give the "
+            "input more threads (num_parallel_calls / interleave_cycle_length None, several "
+            "input files), or move parsing to other machines' cores with the tf.data service"
         )
-    if device.has_gpu and m.compute_seconds > 0:
+    records_rate = figures.reader_per_core()
+    if device.has_gpu and m.compute_seconds > 0 and records_rate:
         gpus = len(device.gpu_compute_capabilities)
         per_gpu = m.global_batch_size / m.compute_seconds / gpus
-        needed = gpu_input_cores(per_gpu)
+        needed = per_gpu / records_rate
+        prebatched_rate = figures.reader_per_core(prebatched=True)
+        copies = (
+            f", ~{per_gpu / prebatched_rate:.1f} reading pre-batched copies "
+            f"(training.input_snapshot_dir, ~{prebatched_rate:,.0f})"
+            if prebatched_rate
+            else ""
+        )
         notes.append(
             f"at its compute pace (~{per_gpu:,.0f} examples/s per GPU) each GPU needs "
-            f"~{needed:.1f} input cores for the streaming reader (~"
-            f"{READER_EXAMPLES_PER_CORE_SECOND:,} tabular examples per core-second), "
-            f"~{gpu_input_cores(per_gpu, prebatched=True):.1f} reading pre-batched copies "
-            f"(training.input_snapshot_dir); this machine has {device.cpu_count / gpus:.1f} "
-            "per GPU"
+            f"~{needed:.1f} input cores for the streaming reader (~{records_rate:,.0f} tabular "
+            f"examples per core-second on {figures.machine}){copies}; this machine has "
+            f"{device.cpu_count / gpus:.1f} per GPU"
             + (
                 ": too few for the records, so cache, pre-batched copies or the tf.data "
                 "service's remote workers decide its speed"
@@ -466,10 +637,11 @@ def advise(
         )
     return {
         "classification": band,
-        # What sets the pace: "reader" (waiting on input), "host overhead" (work between the
-        # loops) or "compute" (the step itself).
+        # What sets the pace: "reader" (waiting on streamed input), "batch hand-off" (waiting
+        # on cached input), "host overhead" (work between the loops) or "compute" (the step).
         "limit": limit,
-        "reader_ceiling_examples_per_second": round(ceiling),
+        # None: neither measured for this run nor in the benchmark's figures.
+        "reader_ceiling_examples_per_second": None if ceiling is None else round(ceiling),
         "reader_ceiling_measured": measured,
         "input_wait_fraction": round(fraction, 4),
         "step_time_ms": round(m.step_seconds * 1e3, 4),
@@ -490,30 +662,34 @@ def advise(
 
 
 def _limit(m: StepTimeMeasurements, band: str) -> str:
-    """Which of the reader, the host's work between loops, or the step's compute sets the pace."""
+    """Which of the reader (or, for cached input, the batches' hand-off), the host's work
+    between loops, or the step's compute sets the pace."""
     if m.host_fraction >= HOST_LIMIT_SHARE and m.host_fraction > m.input_wait_fraction:
         return "host overhead"
-    return "compute" if band == NOT_INPUT_BOUND else "reader"
+    if band == NOT_INPUT_BOUND:
+        return "compute"
+    return "batch hand-off" if m.input_cached else "reader"
 
 
-def _reader_ceiling(m: StepTimeMeasurements, device: DeviceFacts) -> tuple[float, bool]:
+def _reader_ceiling(
+    m: StepTimeMeasurements, device: DeviceFacts, figures: BenchFigures
+) -> tuple[float | None, bool]:
     """The reader's examples/s ceiling: measured when the run gives it, else the benchmark's
-    per-core rate times the machine's cores (tf.data's parallel stages use them all)."""
+    per-core rate times the machine's cores (tf.data's parallel stages use them all), else
+    None."""
     if m.reader_examples_per_second:
         return m.reader_examples_per_second, True
-    return READER_EXAMPLES_PER_CORE_SECOND * device.cpu_count, False
-
-
-def gpu_input_cores(examples_per_second_per_gpu: float, *, prebatched: bool = False) -> float:
-    """Input cores one GPU needs to be fed ``examples_per_second_per_gpu`` by the streaming
-    reader, from the records or from pre-batched copies (docs/performance.md, "Input cores per
-    GPU")."""
-    rate = PREBATCHED_EXAMPLES_PER_CORE_SECOND if prebatched else READER_EXAMPLES_PER_CORE_SECOND
-    return examples_per_second_per_gpu / rate
+    rate = figures.reader_per_core()
+    return (rate * device.cpu_count if rate else None), False
 
 
 def advise_result(
-    result: TrainResult, config: TrainingConfig, device: DeviceFacts | None = None
+    result: TrainResult,
+    config: TrainingConfig,
+    device: DeviceFacts | None = None,
+    *,
+    training_rows: int | None = None,
+    figures: BenchFigures | None = None,
 ) -> dict[str, Any]:
     """:func:`advise` over a ``TrainResult`` (its loop history), on this machine by default."""
     measurements = measurements_from_history(
@@ -522,8 +698,9 @@ def advise_result(
         precision_policy=result.facts.precision_policy,
         input_cached=result.facts.input_cached,
         model_kind=result.facts.model_kind,
+        training_rows=training_rows,
     )
-    return advise(measurements, config, device or device_facts())
+    return advise(measurements, config, device or device_facts(), figures)
 
 
 def format_advice(report: Mapping[str, Any], indent: str = "  ") -> list[str]:

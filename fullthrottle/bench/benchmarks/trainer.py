@@ -26,7 +26,7 @@ from fullthrottle.bench.benchmarks.base import (
     ratio_row,
     size,
 )
-from fullthrottle.bench.measure import ratio
+from fullthrottle.bench.measure import median_interval, ratio
 from fullthrottle.bench.model_process import STREAMING_BATCH_SIZES, run_in_process
 
 NAME = "trainer"
@@ -235,6 +235,7 @@ def pool_input_runs(entry: dict[str, Any], runs: list[dict[str, list[float]]]) -
         pairs["side_by_side_per_more_process"] = len(runs[0]["ours"])
     return {
         **ratio_entry(pooled, "ours", "ours_in_memory"),
+        **({"input_cached": entry["input_cached"]} if "input_cached" in entry else {}),
         "pairs": pairs,
         "runs": [
             {
@@ -251,14 +252,39 @@ def pool_input_runs(entry: dict[str, Any], runs: list[dict[str, list[float]]]) -
 
 
 # ----------------------------------------------------------------------------- targets
+# Where a model's result keeps the samples of the contender its MFU is computed from.
+_MFU_CONTENDER_ROWS = {"ours": "vs_tfx_example", "ours_untrimmed": "trimmed_vs_untrimmed"}
+
+
+def mfu_paired(m: Mapping[str, Any]) -> list[float] | None:
+    """A model's MFU per repetition: each window's rate over the ceiling measured next to it
+    (``mfu.ours_paired``; for readings from before it was recorded, recomputed from the
+    contender's and the ceiling's samples, which are in repetition order). None when the
+    result holds neither."""
+    mfu = m.get("mfu") or {}
+    if mfu.get("ours_paired"):
+        return [float(v) for v in mfu["ours_paired"]]
+    contender = mfu.get("ours_contender")
+    rates = entry_at(m, _MFU_CONTENDER_ROWS.get(contender, ""), contender or "", "values")
+    ceilings = entry_at(m, "matmul_ceiling", mfu.get("ours_ceiling_dtype") or "", "samples")
+    flops = entry_at(m, "flops_per_example", "training")
+    if not rates or not ceilings or not flops or len(rates) != len(ceilings):
+        return None
+    return [rate * flops / peak for rate, peak in zip(rates, ceilings, strict=True)]
+
+
 def _mfu_reading(model: str):
     """MFU: the lower of ours' rate over the ceiling's median and the paired median (each
-    window over the ceiling measured next to it)."""
+    window over the ceiling measured next to it), decided by the paired median's interval."""
 
     def read(result: Mapping[str, Any]) -> Reading | None:
-        mfu = entry_at(result, model, "mfu") or {}
+        m = entry_at(result, model) or {}
+        mfu = m.get("mfu") or {}
         known = [v for v in (mfu.get("ours"), mfu.get("ours_paired_median")) if v is not None]
-        return Reading(value=min(known)) if known else None
+        if not known:
+            return None
+        paired = mfu_paired(m)
+        return Reading(value=min(known), interval=median_interval(paired) if paired else None)
 
     return read
 
@@ -289,7 +315,8 @@ TARGETS = (
     Target(
         "transformer_mfu",
         0.70,
-        "ours' model FLOPs utilization (the lower of the ratio of medians and the paired median)",
+        "ours' model FLOPs utilization (the lower of the ratio of medians and the paired "
+        "median), decided by the paired median's interval",
         _mfu_reading("transformer"),
     ),
     Target(
@@ -435,9 +462,9 @@ def _model_rows(model: str, m: Mapping[str, Any], verdict: Verdict) -> list[str]
         limit = ""
         if adv.get("limit"):
             how = "measured" if adv["reader_ceiling_measured"] else "estimated"
-            limit = (
-                f"; limit: {adv['limit']} (reader ceiling "
-                f"{adv['reader_ceiling_examples_per_second']:,} examples/s, {how})"
+            ceiling = adv["reader_ceiling_examples_per_second"]
+            limit = f"; limit: {adv['limit']}" + (
+                f" (reader ceiling {ceiling:,} examples/s, {how})" if ceiling is not None else ""
             )
         rows.append(
             f"| {model}: advisor | input wait {adv['input_wait_fraction']:.1%} of "

@@ -131,6 +131,15 @@ def test_paths_the_envrun_userland_hides_are_refused_with_the_reason(tmp_path, m
         prepare_data(config)
 
 
+def _staged_rows(config) -> list[str]:
+    """The staged rows of both splits (headers left out)."""
+    return [
+        line
+        for split in SPLITS
+        for line in (config.staged_data_dir / split / STAGED_CSV).read_text().splitlines()[1:]
+    ]
+
+
 def test_a_regression_label_must_be_numbers_in_every_row(tmp_path):
     data = tmp_path / "prices.csv"
     data.write_text("size,price\n1,10.5\n2,abc\n3,\n4,12\n5,1 200\n", encoding="utf-8")
@@ -153,7 +162,7 @@ def test_a_regression_label_must_be_numbers_in_every_row(tmp_path):
     assert "`data.task: classification`" in message
     assert "1 row has no label value (line 4)" in message
     assert message.count("column 'price'") == 1, message
-    assert not (config.staged_data_dir / STAGED_CSV).exists()
+    assert not list(config.staged_data_dir.rglob(STAGED_CSV))
 
 
 def test_a_regression_label_is_staged_as_decimals_and_needs_no_classes(tmp_path):
@@ -172,8 +181,9 @@ def test_a_regression_label_is_staged_as_decimals_and_needs_no_classes(tmp_path)
         "evaluation.max_mae=1",
     )
     assert prepare_data(config).rows == 300
-    staged = (config.staged_data_dir / STAGED_CSV).read_text().splitlines()
-    assert staged[1] == "0.0,100.0", staged[:2]
+    staged = _staged_rows(config)
+    assert len(staged) == 300 and "0.0,100.0" in staged, staged[:2]
+    assert all(row.split(",")[1].endswith(".0") for row in staged), staged
 
 
 def test_the_bundled_diabetes_config_stages_scikit_learns_data_for_regression(tmp_path):
@@ -183,9 +193,9 @@ def test_the_bundled_diabetes_config_stages_scikit_learns_data_for_regression(tm
     assert config.data.task == "regression" and config.evaluation.max_mae == 65.0
     prepared = prepare_data(config)
     assert prepared.rows == 442
-    staged = (config.staged_data_dir / STAGED_CSV).read_text().splitlines()
+    header = (config.staged_data_dir / "train" / STAGED_CSV).read_text().splitlines()[0]
     frame = load_diabetes(as_frame=True, scaled=False).frame
-    assert staged[0].split(",") == list(frame.columns)
+    assert header.split(",") == list(frame.columns)
     # The label as written by scikit-learn, a decimal throughout (ExampleGen reads FLOAT).
-    labels = [float(line.rsplit(",", 1)[1]) for line in staged[1:]]
-    assert labels == frame["target"].tolist()
+    labels = [float(line.rsplit(",", 1)[1]) for line in _staged_rows(config)]
+    assert sorted(labels) == sorted(frame["target"].tolist())

@@ -114,6 +114,15 @@ def test_the_gate_stops_on_what_transform_would_fail_on_or_train_wrong():
     assert [f.column for f in found] == ["mass", "species"]
     assert "'NA' is not a number (line 3)" in found[0].problem
     assert "applied when `fullthrottle run` stages a CSV file" in found[0].fix
+    # A regression label (passed with the numbers, as the DataGate does) is named as the label.
+    price = {"mass": _cells(["3750"]), "price": _cells(["10.5", "cheap"])}
+    (label,) = gate_findings(
+        cells=price, types={"mass": "FLOAT", "price": "FLOAT"}, numeric=["mass", "price"],
+        label="price", label_mode="keep",
+    )  # fmt: skip
+    assert str(label).startswith("column 'price' (in `data.label`): 1 of 2 present cells")
+    assert "'cheap' is not a number (line 3)" in label.problem
+    assert "set `data.task: classification`" in label.fix and "data.categorical" not in label.fix
 
 
 def test_staging_applies_the_notation_and_merges_labels(tmp_path):

@@ -432,6 +432,7 @@ def gate_findings(
 ) -> list[Finding]:
     """What the DataGate stops on, besides ExampleValidator's anomalies.
 
+    A regression label is passed in `numeric` too (a number in every row), and named as the label.
     `cells` holds the `(place, cell)` pairs of the numeric and label columns as ExampleGen read
     them (already staged, for a CSV run locally: plain numbers, missing cells empty); `types`
     the schema's type per column. A numeric column with a cell that is not a plain number, or
@@ -440,11 +441,13 @@ def gate_findings(
     findings = []
     for column in numeric:
         numbers = inspect_numbers(column, cells.get(column, ()))
-        finding = numbers.finding(
-            where="`data.numeric`",
-            categorical_hint=f"Or, if the column holds categories, list it under "
-            f"`data.categorical`. ({STAGING_NOTE})",
-        )
+        if column == label:  # a regression label, checked as a number
+            where = "`data.label`"
+            hint = "Or, if the label holds classes, set `data.task: classification`."
+        else:
+            where = "`data.numeric`"
+            hint = "Or, if the column holds categories, list it under `data.categorical`."
+        finding = numbers.finding(where=where, categorical_hint=f"{hint} ({STAGING_NOTE})")
         if finding is None:
             finding = next(iter(type_findings([column], types)), None)
         if finding is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import math
+import shutil
 import statistics
 import urllib.request
 from fractions import Fraction
@@ -255,3 +256,43 @@ def test_serve_answers_regress_over_rest_and_grpc_and_predict_prints_numbers(dia
     finally:
         output = stop_server(process)
     assert "Traceback" not in output, output[-3000:]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_worse_regression_model_is_not_pushed_and_says_why_with_both_errors(
+    diabetes, pushed, tmp_path
+):
+    """A second run on a copy of the module's run (its cached components keep reading the
+    original's artifacts), trained for one step with a bar it cannot miss: only the comparison
+    with the first model, where a lower MAE is better, can refuse it."""
+    output_dir = tmp_path / "run"
+    shutil.copytree(diabetes.output_dir, output_dir)
+    serving = output_dir / Path(pushed.last["pushed_model_dir"]).parent.relative_to(
+        diabetes.output_dir
+    )
+    served = _files(serving)
+    worse = run_cli(
+        "run", "--config", str(diabetes.config_path), "--output-dir", str(output_dir),
+        "--set", "training.train_steps=1", "--set", "evaluation.max_mae=100000",
+    )  # fmt: skip
+    assert worse.returncode == 3, worse.stdout + worse.stderr[-5000:]
+    last = last_run(output_dir)
+    assert last["blessed"] is False and last["pushed_model_dir"] is None
+    evaluation = last["evaluation"]
+    candidate = evaluation["candidate"]["metrics"]["mean_absolute_error"]
+    baseline = evaluation["baseline"]["metrics"]["mean_absolute_error"]
+    # The baseline is the first run's pushed model, measured again on the same eval rows.
+    assert baseline == pytest.approx(pushed.last["eval_metrics"]["mean_absolute_error"], rel=1e-5)
+    assert evaluation["baseline"]["pushed_version"] == pushed.last["pushed_version"]
+    assert candidate > baseline
+    assert "(lower is better)" in evaluation["reason"]
+    assert "meets evaluation.max_mae (at most 100000" in evaluation["reason"]
+    message = worse.stderr.strip().splitlines()[-1]
+    assert message.startswith("fullthrottle run: the new model was not pushed"), message
+    assert f"{candidate:.4f}" in message and f"{baseline:.4f}" in message
+    assert "Traceback" not in worse.stderr
+    # What was served stays served, byte for byte.
+    assert _files(serving) == served

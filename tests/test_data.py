@@ -140,10 +140,9 @@ def _staged_rows(config) -> list[str]:
     ]
 
 
-def test_a_regression_label_must_be_numbers_in_every_row(tmp_path):
-    data = tmp_path / "prices.csv"
-    data.write_text("size,price\n1,10.5\n2,abc\n3,\n4,12\n5,1 200\n", encoding="utf-8")
-    config = _config(
+def _prices_config(tmp_path, data):
+    """A regression config on a size -> price CSV."""
+    return _config(
         tmp_path,
         data,
         "data.label=price",
@@ -152,6 +151,12 @@ def test_a_regression_label_must_be_numbers_in_every_row(tmp_path):
         "data.task=regression",
         "evaluation.max_mae=1",
     )
+
+
+def test_a_regression_label_must_be_numbers_in_every_row(tmp_path):
+    data = tmp_path / "prices.csv"
+    data.write_text("size,price\n1,10.5\n2,abc\n3,\n4,12\n5,1 200\n", encoding="utf-8")
+    config = _prices_config(tmp_path, data)
     with pytest.raises(DataError) as refused:
         prepare_data(config)
     message = " ".join(str(refused.value).split())
@@ -171,15 +176,7 @@ def test_a_regression_label_is_staged_as_decimals_and_needs_no_classes(tmp_path)
     # written as decimals (so ExampleGen reads it as FLOAT, never INT).
     rows = "".join(f"{i},{100 + i}\n" for i in range(300))
     data.write_text("size,price\n" + rows, encoding="utf-8")
-    config = _config(
-        tmp_path,
-        data,
-        "data.label=price",
-        "data.numeric=[size]",
-        "data.categorical=[]",
-        "data.task=regression",
-        "evaluation.max_mae=1",
-    )
+    config = _prices_config(tmp_path, data)
     assert prepare_data(config).rows == 300
     staged = _staged_rows(config)
     assert len(staged) == 300 and "0.0,100.0" in staged, staged[:2]

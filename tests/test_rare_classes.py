@@ -75,6 +75,19 @@ def write_iris_csv(path: Path, *, integer_labels: bool, extras: dict[str, int]) 
     return rows
 
 
+def _iris_config(tmp_path: Path, data: Path):
+    """A config on an Iris-like CSV at `data`, writing under `tmp_path`."""
+    return load_config(
+        overrides=[
+            f"output_dir={tmp_path / 'out'}",
+            f"data.path={data}",
+            f"data.label={LABEL}",
+            f"data.numeric={list(FEATURES)}",
+            "data.categorical=[]",
+        ]
+    )
+
+
 def _staged_labels(staged_dir: Path, split: str) -> Counter[str]:
     with (staged_dir / split / STAGED_CSV).open(newline="", encoding="utf-8") as f:
         return Counter(row[LABEL] for row in csv.DictReader(f))
@@ -124,15 +137,7 @@ def test_every_class_keeps_a_train_row_and_big_classes_get_their_eval_share():
 def test_integer_labels_are_staged_with_every_class_in_train_and_rare_ones_named(tmp_path):
     data = tmp_path / "iris_int.csv"
     write_iris_csv(data, integer_labels=True, extras=INTEGER_EXTRAS)
-    config = load_config(
-        overrides=[
-            f"output_dir={tmp_path / 'out'}",
-            f"data.path={data}",
-            f"data.label={LABEL}",
-            f"data.numeric={list(FEATURES)}",
-            "data.categorical=[]",
-        ]
-    )
+    config = _iris_config(tmp_path, data)
     prepared = prepare_data(config)
     train = _staged_labels(config.staged_data_dir, "train")
     evaluated = _staged_labels(config.staged_data_dir, "eval")
@@ -165,15 +170,7 @@ def test_integer_labels_are_staged_with_every_class_in_train_and_rare_ones_named
 def test_too_few_rows_for_any_eval_row_are_refused_before_the_run(tmp_path):
     data = tmp_path / "tiny.csv"
     data.write_text(f"{','.join(FEATURES)},{LABEL}\n1,2,3,4,a\n1,2,3,5,b\n1,2,3,6,c\n")
-    config = load_config(
-        overrides=[
-            f"output_dir={tmp_path / 'out'}",
-            f"data.path={data}",
-            f"data.label={LABEL}",
-            f"data.numeric={list(FEATURES)}",
-            "data.categorical=[]",
-        ]
-    )
+    config = _iris_config(tmp_path, data)
     with pytest.raises(DataError) as refused:
         prepare_data(config)
     message = " ".join(str(refused.value).split())

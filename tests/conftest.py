@@ -26,6 +26,23 @@ import pytest  # noqa: E402
 from tests.helpers import once_per_session, run_cli  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _tracking_uri_left_as_found():
+    """A test that leaves MLflow's tracking URI set (`mlflow.set_tracking_uri` exports it as
+    $MLFLOW_TRACKING_URI) sends every later run of its worker to that store, with artifacts in
+    the working directory's `./mlruns`: the test that did it fails, and the URI is restored."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    after = os.environ.get("MLFLOW_TRACKING_URI")
+    if after != before:
+        import mlflow
+
+        mlflow.set_tracking_uri(before)
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        pytest.fail(f"the test left MLFLOW_TRACKING_URI set to {after!r} (was {before!r})")
+
+
 @pytest.fixture(scope="session")
 def penguins_run(tmp_path_factory):
     """One real pipeline run on the bundled penguins data, shared by the tests that read it (and

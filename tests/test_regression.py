@@ -37,6 +37,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc, regression_pb2
 
 from fullthrottle.bench.serving import free_port, start_server, stop_server
 from fullthrottle.core.config import load_config
+from fullthrottle.tracking.store import scoped_tracking_uri
 from serving.push import export_tflite
 from serving.signatures import (
     REGRESS_METHOD,
@@ -184,8 +185,8 @@ def test_the_pushed_models_signatures_answer_the_same_numbers(pushed, tmp_path):
     assert [Path(p).name for p in written] == ["model_float32.tflite"]
     # The MLflow model: numbers out.
     model_id = pushed.last["tracking"]["model_id"]
-    mlflow.set_tracking_uri(pushed.last["tracking"]["uri"])
-    pyfunc = mlflow.pyfunc.load_model(f"models:/{model_id}")
+    with scoped_tracking_uri(pushed.last["tracking"]["uri"]):
+        pyfunc = mlflow.pyfunc.load_model(f"models:/{model_id}")
     answered = pyfunc.predict(pd.DataFrame(raw_inputs_from_examples(examples, specs)))
     assert list(answered.columns) == ["prediction"]
     np.testing.assert_allclose(answered["prediction"].to_numpy(), pushed.predictions, rtol=1e-5)

@@ -107,27 +107,26 @@ class SplitSummary:
     def rows(self, split: str) -> int:
         return sum(rows[split] for rows in self.class_rows.values())
 
+    def _only_in(self, split: str) -> dict[str, int]:
+        """Classes with rows in `split` and none in the other, with their row counts."""
+        if not self.classes:
+            return {}
+        (other,) = (name for name in SPLITS if name != split)
+        return {
+            value: rows[split]
+            for value, rows in self.class_rows.items()
+            if rows[split] and not rows[other]
+        }
+
     @property
     def not_evaluated(self) -> dict[str, int]:
         """Classes with rows in train and none in eval, with their row counts."""
-        if not self.classes:
-            return {}
-        return {
-            value: rows["train"]
-            for value, rows in self.class_rows.items()
-            if rows["train"] and not rows["eval"]
-        }
+        return self._only_in("train")
 
     @property
     def not_trained(self) -> dict[str, int]:
         """Classes with rows in eval and none in train, with their row counts."""
-        if not self.classes:
-            return {}
-        return {
-            value: rows["eval"]
-            for value, rows in self.class_rows.items()
-            if rows["eval"] and not rows["train"]
-        }
+        return self._only_in("eval")
 
     def to_dict(self) -> dict[str, Any]:
         return {

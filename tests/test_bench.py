@@ -747,13 +747,24 @@ def test_tracking_and_checkpoint_benchmarks_alone_make_their_own_data(tmp_path):
 
 def test_the_strong_fit_gets_ours_model_options_precision_and_dataset(tmp_path):
     """The `fit` contender is ours minus our loop: the model train() builds from the same config
-    (options, precision policy), steps_per_execution = steps_per_loop, our jit_compile, and the
-    very dataset object ours trains on."""
+    (options, precision policy, initial weights), steps_per_execution = steps_per_loop, our
+    jit_compile, the very dataset object ours trains on, and the same distribution setup: on
+    one CPU replica ours iterates the dataset directly, and so does `fit` (its model is outside
+    the strategy, so Keras does not wrap the dataset in `experimental_distribute_dataset`)."""
+    import numpy as np
+    import tensorflow as tf
+
     data = write_synthetic_training_data(tmp_path / "tabular", rows=64, numeric=3)
     config = dataclasses.replace(TINY_TRANSFORMER, model="tabular", precision="auto")
     ours = OurLoop(data, config)
     fit = StrongFit(data, config, ours)
     assert fit.dataset is ours.dataset
+    assert isinstance(ours.dataset, tf.data.Dataset)  # ours: not a distributed dataset
+    assert fit.distribution == "direct"
+    assert fit.model.distribute_strategy is tf.distribute.get_strategy()  # the default one
+    assert not isinstance(fit.model.distribute_strategy, tf.distribute.OneDeviceStrategy)
+    for mine, theirs in zip(ours.model.weights, fit.model.weights, strict=True):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
     assert fit.policy == ours.policy
     policies = [layer.dtype_policy.name for layer in fit.model.layers]
     assert policies == [layer.dtype_policy.name for layer in ours.model.layers]
@@ -903,3 +914,63 @@ def test_a_benchmark_registered_in_one_place_is_run_judged_tabled_and_documented
     assert "| echo | `pairs` | 13 | 3 | pairs of echoes |" in docs.sizes_table({})
     with pytest.raises(ValueError, match="no such benchmark"):
         suite.sizes_for("quick", nope={"pairs": 1})
+
+
+def test_the_transformers_text_is_repeated_through_several_shuffle_windows(tmp_path):
+    """The Transformer's streamed input: its small split's records, in order, repeated into as
+    many gzip files until they fill the asked rows, and its input row says so."""
+    import tensorflow as tf
+
+    from fullthrottle.bench.benchmarks.trainer import _model_rows
+    from fullthrottle.bench.workloads import repeated_training_data
+
+    data = write_synthetic_training_data(tmp_path / "text", rows=30, numeric=2, seq_len=4)
+    split = [r.numpy() for r in tf.data.TFRecordDataset(list(data.train_files), "GZIP")]
+    repeated, rows, split_rows = repeated_training_data(
+        data, min_rows=100, files=2, directory=tmp_path / "repeated"
+    )
+    assert (rows, split_rows) == (120, 30) and len(repeated.train_files) == 2
+    records = [
+        [r.numpy() for r in tf.data.TFRecordDataset([f], "GZIP")] for f in repeated.train_files
+    ]
+    assert records[0] == split + split and records[1] == split + split
+    assert repeated.feature_spec == data.feature_spec
+
+    entry = {"ratio": 0.9, "paired_median": 0.9, "paired_min": 0.8, "paired_max": 1.0}
+    entry |= {"paired": [0.9], "ours": {"median": 9.0}, "ours_in_memory": {"median": 10.0}}
+    entry |= {"unit": "examples/s", "numerator": "ours", "denominator": "ours_in_memory"}
+    m = {
+        "precision_policy": "float32",
+        "vs_tfx_example": entry | {"tfx_example": {"median": 10.0}, "denominator": "tfx_example"},
+        "input_efficiency": entry | {"input_cached": False},
+        "input_rows": {"rows": rows, "split_rows": split_rows, "shuffle_buffer_size": 25},
+        "mfu": {"ours": 0.1, "tfx_example": 0.05, "ours_ceiling_dtype": "float32"},
+        "matmul_ceiling": {"float32": {"flops_per_second": 1e9}},
+        "flops_per_example": {"training": 100.0},
+    }
+    rows_md = _model_rows("transformer", m, lambda name: "")
+    row = next(r for r in rows_md if "input efficiency" in r)
+    assert "120 rows (the 30-row split repeated) through 25-row shuffle windows" in row
+    assert "cache row" not in row
+    cached = _model_rows(
+        "tabular", m | {"input_efficiency": entry | {"input_cached": True}}, lambda name: ""
+    )
+    assert "cache row" in next(r for r in cached if "input efficiency" in r)
+
+
+def test_the_copies_row_charges_their_write_pass_over_a_runs_epochs():
+    """Copies / in-memory with the write pass in it, over 1 and 10 epochs, and the epochs after
+    which they beat plain streaming (the advisor's break-even)."""
+    from fullthrottle.bench.benchmarks.trainer import _copies_cost
+
+    st = {"rows": 1000, "reader_prebatched": {"write_seconds": 1.0}}
+    plain = {"streaming": {"median": 250.0}}  # 4 s per epoch
+    copies = {"prebatched": {"median": 500.0}, "in_memory": {"median": 1000.0}}  # 2 s, 1 s
+    # 1 epoch: 1 s in memory vs 1 + 2 s; 10 epochs: 10 s vs 1 + 20 s; 1 s / (4 - 2 s) = 0.5.
+    assert _copies_cost(st, plain, copies) == (
+        "; with the 1.0 s write pass over 1,000 rows: 1 epoch 0.33x, 10 epochs 0.48x; "
+        "paid back vs plain streaming after 0.5 epochs"
+    )
+    slower = {"prebatched": {"median": 200.0}, "in_memory": {"median": 1000.0}}
+    assert _copies_cost(st, plain, slower).endswith("never paid back vs plain streaming")
+    assert _copies_cost({"rows": 1000}, plain, copies) == ""  # no write pass measured

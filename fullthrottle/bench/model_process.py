@@ -187,6 +187,9 @@ def trainer_model(
                 "steps_per_execution": strong_fit.steps_per_execution,
                 "jit_compile": config.jit_compile,
                 "same_dataset_object": strong_fit.dataset is ours.dataset,
+                # "direct": both iterate the dataset as it is (one CPU replica); else the
+                # strategy both distribute it with.
+                "distribution": strong_fit.distribution,
             },
         },
         "input_efficiency": {

@@ -234,10 +234,14 @@ class KerasFitBaseline:
 class StrongFit:
     """Keras ``model.fit`` given every option our loop has: the model as ``train()`` builds it
     (``setup.set_up``: the same model options, precision policy, optimizer and scaled learning
-    rate), ``steps_per_execution`` = our ``steps_per_loop``, our ``jit_compile`` setting, and
-    the same dataset object (``OurLoop.dataset``). What is left between it and ours is the
-    loop itself. ``measure(steps)`` -> examples/s between the end of its first execution and
-    the end of its last, so each ``fit`` call's iterator start-up is not charged to it."""
+    rate), ``steps_per_execution`` = our ``steps_per_loop``, our ``jit_compile`` setting, the
+    same dataset object (``OurLoop.dataset``) and the same distribution setup: where ours
+    iterates that dataset directly (one CPU replica, ``host_only_replica``), the model is built
+    outside the strategy's scope, so ``fit`` (under the default strategy) does too instead of
+    wrapping it in ``experimental_distribute_dataset``; elsewhere both go through the strategy.
+    What is left between it and ours is the loop itself. ``measure(steps)`` -> examples/s
+    between the end of its first execution and the end of its last, so each ``fit`` call's
+    iterator start-up is not charged to it."""
 
     def __init__(
         self,
@@ -249,17 +253,30 @@ class StrongFit:
     ):
         import keras
 
+        from trainer_module.training import build_model
+        from trainer_module.training.inputs import host_only_replica
+        from trainer_module.training.optimization import create_optimizer
         from trainer_module.training.setup import set_up
 
         setup = set_up(config, data.model_inputs)
         self.policy = setup.policy_name
         self.global_batch = setup.batch.global_batch
+        model, optimizer = setup.model, setup.optimizer
+        # Where ours skips TF's distributed iterator, `fit` must not pay for it either.
+        device = host_only_replica(setup.strategy)
+        self.distribution = "direct" if device else type(setup.strategy).__name__
+        if device:
+            keras.utils.set_random_seed(config.seed)  # the weights set_up's model starts from
+            with tf.device(device):
+                model = build_model(data.model_inputs, config, setup.policy_name, training=True)
+                optimizer = create_optimizer(config, setup.learning_rate, setup.policy_name)
+                optimizer.build(model.trainable_variables)
         # Ours runs loops of min(steps_per_loop, window) steps; `fit` gets the same (None =
         # steps_per_loop): a longer execution than the window would time steps ours never runs.
         self.steps_per_execution = steps_per_execution or config.steps_per_loop
-        self.model = setup.model
+        self.model = model
         self.model.compile(
-            optimizer=setup.optimizer,
+            optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(),
             steps_per_execution=self.steps_per_execution,
             # Ours XLA-compiles only when the config asks (jit_compile switches the

@@ -185,6 +185,44 @@ def streaming_tabular_data(
     )
 
 
+def repeated_training_data(
+    like: TrainingData, *, min_rows: int, files: int, directory: Path
+) -> tuple[TrainingData, int, int]:
+    """``like``'s training records repeated, in order, into ``files`` gzip files under
+    ``directory`` until there are at least ``min_rows``: a small split streamed through several
+    shuffle windows, as large data is (one copy inside one window measures a reader that never
+    leaves its first buffer). Returns the data, its rows and the rows of one copy."""
+    import tensorflow as tf
+
+    records = [
+        r.numpy()
+        for r in tf.data.TFRecordDataset(list(like.train_files), compression_type=like.compression)
+    ]
+    if not records:
+        raise RuntimeError(f"no training records in {like.train_files}")
+    copies = max(1, -(-min_rows // len(records)))
+    split = directory / "Split-train"
+    split.mkdir(parents=True, exist_ok=True)
+    paths = [str(split / f"part-{i:05d}.gz") for i in range(files)]
+    writers = [tf.io.TFRecordWriter(path, options="GZIP") for path in paths]
+    try:
+        for copy in range(copies):
+            writer = writers[copy % files]
+            for record in records:
+                writer.write(record)
+    finally:
+        for writer in writers:
+            writer.close()
+    data = dataclasses.replace(
+        like,
+        name=f"{like.name}-repeated",
+        train_files=tuple(paths),
+        examples_uri=str(directory),
+        compression="GZIP",
+    )
+    return data, copies * len(records), len(records)
+
+
 def transform_prefix_config(
     *, output_dir: str, spec: DataSpec, beam: BeamConfig, name: str = "fullthrottle-bench"
 ) -> Config:

@@ -464,7 +464,7 @@ def make_distributed_dataset(
     return distribute_input(strategy, dataset_fn)
 
 
-def _host_only_replica(strategy: tf.distribute.Strategy) -> str | None:
+def host_only_replica(strategy: tf.distribute.Strategy) -> str | None:
     """The device of a one-worker, one-replica strategy whose replica is a CPU, else None."""
     if not isinstance(strategy, (tf.distribute.OneDeviceStrategy, tf.distribute.MirroredStrategy)):
         return None  # MultiWorkerMirroredStrategy subclasses neither; it keeps TF's iterator
@@ -489,7 +489,7 @@ def distribute_input(
     several replicas and multi-worker keep TF's iterator (prefetch to device, per-replica
     splitting, cross-worker end-of-data agreement).
     """
-    device = _host_only_replica(strategy)
+    device = host_only_replica(strategy)
     if device is None:
         return strategy.distribute_datasets_from_function(dataset_fn)
     with tf.device(device):

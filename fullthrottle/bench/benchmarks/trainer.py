@@ -44,6 +44,12 @@ class TrainerSizes:
     # when the machine's state flipped between its two windows); 0.953-1.016 over seven with 25.
     tabular_repeats: int = size(40, "tabular repetitions")
     transformer_window_steps: int = size(50, "steps per Transformer window")
+    # The bundled text's training split (~800 rows) fits in one shuffle window (10,000 rows),
+    # so a streamed epoch never left the reader's first buffer; repeated to this many windows
+    # the reader fills, permutes and drains windows as it does on large text.
+    transformer_shuffle_windows: int = size(
+        4, "the Transformer's training records repeated to this many shuffle windows"
+    )
     # When set, the Transformer's windows are this many seconds of ours instead (steps from
     # ours' step time measured after its warm-up; at least 2): a float32 step took 0.47 s on an
     # AVX2-only EPYC and a bf16 step 0.08 s on an AVX512_BF16 one, so a fixed step count cannot
@@ -144,6 +150,7 @@ def run(context: Context, sizes: TrainerSizes) -> dict[str, Any]:
         TABULAR_TRAINING,
         TRANSFORMER_DATA,
         TRANSFORMER_TRAINING,
+        repeated_training_data,
         run_transform_prefix,
         training_data_from_run,
         transform_prefix_config,
@@ -164,11 +171,22 @@ def run(context: Context, sizes: TrainerSizes) -> dict[str, Any]:
     transformer_config = TRANSFORMER_TRAINING.with_model_options(
         "transformer", **sizes.transformer_overrides
     )
+    text, text_rows, text_split_rows = repeated_training_data(
+        text,
+        min_rows=sizes.transformer_shuffle_windows * transformer_config.shuffle_buffer_size,
+        files=len(text.train_files),
+        directory=work / "transformer-repeated",
+    )
     for name, data, config, window in (
         ("transformer", text, transformer_config, sizes.transformer_window_steps),
         ("tabular", tabular, TABULAR_TRAINING, sizes.tabular_window_steps),
     ):
         results[name] = measure_model_in_process(work, data, config, sizes, window, name)
+    results["transformer"]["input_rows"] = {
+        "rows": text_rows,
+        "split_rows": text_split_rows,
+        "shuffle_buffer_size": transformer_config.shuffle_buffer_size,
+    }
     measure_input_runs(work, tabular, TABULAR_TRAINING, sizes, results["tabular"], "tabular")
     results["data"] = {
         "tabular": {"train_files": list(tabular.train_files)},
@@ -377,6 +395,17 @@ def rows(result: Mapping[str, Any], verdict: Verdict) -> list[str]:
     return out
 
 
+def _fit_distribution(fit: Mapping[str, Any]) -> str:
+    """How `fit` got its batches next to ours (readings before the field: `fit` through
+    `experimental_distribute_dataset`, ours without: not equal terms, and said so)."""
+    distribution = fit.get("distribution")
+    if distribution is None:
+        return "; `fit` through OneDeviceStrategy's distributed dataset, ours direct"
+    if distribution == "direct":
+        return ", both iterating it directly"
+    return f", both through {distribution}"
+
+
 def _model_rows(model: str, m: Mapping[str, Any], verdict: Verdict) -> list[str]:
     v, e, rd = m["vs_tfx_example"], m["input_efficiency"], m.get("reader_vs_tfx_bsl")
     rows = [
@@ -393,7 +422,7 @@ def _model_rows(model: str, m: Mapping[str, Any], verdict: Verdict) -> list[str]
             ratio_row(
                 f"{model}: ours vs a strong Keras `fit` (same model options, {fit['policy']}, "
                 f"steps_per_execution {fit['steps_per_execution']}, jit_compile "
-                f"{fit['jit_compile']}, the same dataset object)",
+                f"{fit['jit_compile']}, the same dataset object{_fit_distribution(fit)})",
                 sf,
                 verdict(f"{model}_vs_strong_fit"),
             )
@@ -419,9 +448,20 @@ def _model_rows(model: str, m: Mapping[str, Any], verdict: Verdict) -> list[str]
     pairs = f", {len(e['paired'])} pairs" if e.get("pairs", {}).get("side_by_side_only") else ""
     if len(e.get("runs") or []) > 1:
         pairs += f" in {len(e['runs'])} processes"
+    # A cache row: ours read `cache: auto`'s in-memory copy, so both contenders read memory.
+    # Readings from before the field: the tabular workload (penguins, `cache: auto`) always
+    # was one, the Transformer's (`cache: false`) never.
+    cached = e.get("input_cached", model == "tabular")
+    source = "cache row: ours from `cache: auto`'s in-memory copy" if cached else "TFRecord"
+    read = m.get("input_rows")
+    if read and not cached:
+        source += (
+            f", {read['rows']:,} rows (the {read['split_rows']:,}-row split repeated) through "
+            f"{read['shuffle_buffer_size']:,}-row shuffle windows"
+        )
     rows.append(
         ratio_row(
-            f"{model}: input efficiency (TFRecord / in-memory batches{pairs})",
+            f"{model}: input efficiency ({source} / in-memory batches{pairs})",
             e,
             verdict(f"{model}_input_efficiency"),
         )
@@ -448,7 +488,8 @@ def _model_rows(model: str, m: Mapping[str, Any], verdict: Verdict) -> list[str]
     if rd:
         rows.append(
             ratio_row(
-                f"{model}: reader alone, ours vs `tf_dataset_factory`",
+                f"{model}: reader alone, ours vs `tf_dataset_factory`"
+                + (" (cache row: ours slices its in-memory copy)" if cached else ""),
                 rd,
                 f"headroom over training {rd['headroom_vs_training']:.2f}x",
             )
@@ -482,6 +523,50 @@ def _reader_row(title: str, reader: Mapping[str, Any], verdict: str) -> str:
     )
 
 
+COPIES_EPOCHS = (1, 10)  # runs the copies' row states its write pass over
+
+
+def _copies_cost(
+    st: Mapping[str, Any], plain: Mapping[str, Any] | None, copies: Mapping[str, Any]
+) -> str:
+    """The write pass in the copies' ratio: streaming from copies / in-memory over runs of
+    `COPIES_EPOCHS` epochs of the generated rows, the write pass included, and the epochs after
+    which the copies beat plain streaming (the advisor's rule, `copies_break_even`)."""
+    from trainer_module.training.advisor import copies_break_even
+
+    reader = st.get("reader_prebatched") or {}
+    write = reader.get("write_seconds")
+    memory = copies.get("in_memory", {}).get("median")
+    fast = copies.get("prebatched", {}).get("median")
+    if write is None or not memory or not fast:
+        return ""
+    rows = st["rows"]
+    over = ", ".join(
+        f"{epochs} epoch{'s' if epochs > 1 else ''} "
+        f"{epochs * rows / memory / (write + epochs * rows / fast):.2f}x"
+        for epochs in COPIES_EPOCHS
+    )
+    slow = (plain or {}).get("streaming", {}).get("median")
+    even = (
+        copies_break_even(
+            {
+                "rows": rows,
+                "write_seconds": write,
+                "streaming_examples_per_second": slow,
+                "copies_examples_per_second": fast,
+            }
+        )
+        if slow
+        else None
+    )
+    paid = (
+        f"; paid back vs plain streaming after {even:.1f} epochs"
+        if even
+        else ("; never paid back vs plain streaming" if slow else "")
+    )
+    return f"; with the {write:.1f} s write pass over {rows:,} rows: {over}{paid}"
+
+
 def _streaming_rows(model: str, st: Mapping[str, Any], verdict: Verdict) -> list[str]:
     rows = []
     past = "past" if not st["auto_cache_would_cache"] else "NOT past"
@@ -503,7 +588,8 @@ def _streaming_rows(model: str, st: Mapping[str, Any], verdict: Verdict) -> list
             rows.append(
                 ratio_row(
                     f"{model}: the same, streaming from pre-batched copies "
-                    f"(`training.input_snapshot_dir`) / in-memory batches, batch {size_}",
+                    f"(`training.input_snapshot_dir`) / in-memory batches, batch {size_}"
+                    f"{_copies_cost(st, e, es)}",
                     es,
                     verdict(f"{model}_streaming_prebatched_b{size_}"),
                 )

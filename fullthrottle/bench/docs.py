@@ -119,18 +119,15 @@ def loop_vs_fit(latest: Mapping[str, Any]) -> str:
     for model in ("transformer", "tabular"):
         entry = _reading(latest, "trainer", model, "vs_strong_fit")
         value = min(entry["ratio"], entry.get("paired_median", entry["ratio"]))
+        notes = []
         interval = entry.get("paired_interval")
-        spread = (
-            f" ({interval['coverage']:.0%} interval {interval['low']:.2f}-{interval['high']:.2f})"
-            if interval
-            else ""
-        )
-        unequal = (
-            "; measured with `fit` paying for a distributed iterator ours skips"
-            if "distribution" not in entry.get("fit", {})
-            else ""
-        )
-        parts.append(f"{model} {value:.2f}x{spread}{unequal}")
+        if interval:
+            notes.append(
+                f"{interval['coverage']:.0%} interval {interval['low']:.2f}-{interval['high']:.2f}"
+            )
+        if "distribution" not in entry.get("fit", {}):
+            notes.append("`fit` paying for a distributed iterator ours skips")
+        parts.append(f"{model} {value:.2f}x" + (f" ({'; '.join(notes)})" if notes else ""))
     return ", ".join(parts)
 
 

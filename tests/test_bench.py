@@ -974,3 +974,22 @@ def test_the_copies_row_charges_their_write_pass_over_a_runs_epochs():
     slower = {"prebatched": {"median": 200.0}, "in_memory": {"median": 1000.0}}
     assert _copies_cost(st, plain, slower).endswith("never paid back vs plain streaming")
     assert _copies_cost({"rows": 1000}, plain, copies) == ""  # no write pass measured
+
+
+def test_the_loop_vs_fit_figure_says_when_fit_paid_for_an_iterator_ours_skips():
+    def latest(fit: dict) -> dict:
+        entry = {"ratio": 1.2, "paired_median": 1.1, "fit": fit}
+        entry["paired_interval"] = {"coverage": 0.9, "low": 1.0, "high": 1.3}
+        return {
+            "results": {
+                "trainer": {m: {"vs_strong_fit": entry} for m in ("transformer", "tabular")}
+            }
+        }
+
+    equal = docs.loop_vs_fit(latest({"distribution": "direct"}))
+    assert (
+        equal
+        == "transformer 1.10x (90% interval 1.00-1.30), tabular 1.10x (90% interval 1.00-1.30)"
+    )
+    old = docs.loop_vs_fit(latest({"policy": "float32"}))
+    assert old.count("`fit` paying for a distributed iterator ours skips") == 2

@@ -7,6 +7,7 @@ before any test imports a model. Code under test that asks for 2 logical devices
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +25,25 @@ tf.config.set_logical_device_configuration(
 import pytest  # noqa: E402
 
 from tests.helpers import once_per_session, run_cli  # noqa: E402
+
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest modules first: tests/module_seconds.json holds each module's seconds (its
+    tests' times summed, from a full run's `--junitxml`; roughly right is enough), and a module
+    not listed there, a new one, goes first of all.
+
+    `make test` gives each xdist worker whole modules (`--dist loadscope`, in collection order:
+    `--no-loadscope-reorder`); a long module handed out last keeps one worker busy while the
+    other has nothing left to do. Longest first, the short modules at the end fill both workers
+    until the last minute. Each module's tests keep their order."""
+    seconds = json.loads(MODULE_SECONDS.read_text(encoding="utf-8"))
+    by_module: dict[str, list] = {}
+    for item in items:
+        by_module.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+    order = sorted(by_module, key=lambda module: -seconds.get(module, float("inf")))
+    items[:] = [item for module in order for item in by_module[module]]
 
 
 @pytest.fixture(autouse=True)

@@ -1,17 +1,33 @@
-"""Bad input stops `fullthrottle run` before any work, with one paragraph naming the problem."""
+"""Bad input stops `fullthrottle run` before any work, with one paragraph naming the problem.
+
+One case runs `fullthrottle` as a user does, in a fresh process (its exit status, its stderr);
+the others call the same entry point in this process (`fullthrottle.cli.main`, what
+`python -m fullthrottle` calls): a fresh process costs seconds of TensorFlow import per case
+and tells nothing more about the message.
+"""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from fullthrottle.cli import main
 from tests.helpers import run_cli, served_dirs
 
 PENGUIN_HEADER = (
     "species,island,bill_length_mm,bill_depth_mm,flipper_length_mm,body_mass_g,sex,year\n"
 )
 PENGUIN_ROW = "Adelie,Torgersen,39.1,18.7,181,3750,male,2007\n"
+
+
+def _in_process(capsys, *args: str) -> subprocess.CompletedProcess:
+    """`fullthrottle ARGS` through the command line's entry point, in this process."""
+    capsys.readouterr()
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, captured.out, captured.err)
 
 
 def _assert_stopped(result, output_dir: Path, *needles: str) -> None:
@@ -34,32 +50,34 @@ def test_missing_data_path(tmp_path):
     _assert_stopped(result, tmp_path / "out", str(missing), "data.path", "does not exist")
 
 
-def test_empty_csv(tmp_path):
+def test_empty_csv(tmp_path, capsys):
     data = tmp_path / "empty.csv"
     data.write_text("")
-    result = run_cli("run", "--output-dir", str(tmp_path / "out"), "--data", str(data))
+    result = _in_process(capsys, "run", "--output-dir", str(tmp_path / "out"), "--data", str(data))
     _assert_stopped(result, tmp_path / "out", str(data), "empty")
 
 
-def test_header_only_csv(tmp_path):
+def test_header_only_csv(tmp_path, capsys):
     data = tmp_path / "header.csv"
     data.write_text(PENGUIN_HEADER)
-    result = run_cli("run", "--output-dir", str(tmp_path / "out"), "--data", str(data))
+    result = _in_process(capsys, "run", "--output-dir", str(tmp_path / "out"), "--data", str(data))
     _assert_stopped(result, tmp_path / "out", str(data), "no rows")
 
 
-def test_csv_without_label_column(tmp_path):
+def test_csv_without_label_column(tmp_path, capsys):
     data = tmp_path / "nolabel.csv"
     header = PENGUIN_HEADER.replace("species,", "")
     data.write_text(header + PENGUIN_ROW.replace("Adelie,", "") * 5)
-    result = run_cli("run", "--output-dir", str(tmp_path / "out"), "--data", str(data))
+    result = _in_process(capsys, "run", "--output-dir", str(tmp_path / "out"), "--data", str(data))
     _assert_stopped(result, tmp_path / "out", str(data), "'species'", "data.label")
 
 
-def test_config_naming_a_missing_column(tmp_path):
+def test_config_naming_a_missing_column(tmp_path, capsys):
     config = tmp_path / "config.yaml"
     config.write_text("data:\n  numeric: [bill_length_mm, wingspan_cm]\n")
-    result = run_cli("run", "--output-dir", str(tmp_path / "out"), "--config", str(config))
+    result = _in_process(
+        capsys, "run", "--output-dir", str(tmp_path / "out"), "--config", str(config)
+    )
     _assert_stopped(result, tmp_path / "out", "'wingspan_cm'", "data.numeric")
 
 
@@ -73,13 +91,14 @@ def test_config_naming_a_missing_column(tmp_path):
         ("beam.direct_running_mode=fast", ("beam.direct_running_mode",)),
     ],
 )
-def test_config_errors_name_the_field(tmp_path, override, needles):
-    result = run_cli("run", "--output-dir", str(tmp_path / "out"), "--set", override)
+def test_config_errors_name_the_field(tmp_path, override, needles, capsys):
+    result = _in_process(capsys, "run", "--output-dir", str(tmp_path / "out"), "--set", override)
     _assert_stopped(result, tmp_path / "out", *needles)
 
 
-def test_debug_flag_shows_the_trace(tmp_path):
-    result = run_cli(
+def test_debug_flag_shows_the_trace(tmp_path, capsys):
+    result = _in_process(
+        capsys,
         "--debug",
         "run",
         "--output-dir",

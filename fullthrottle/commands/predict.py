@@ -53,6 +53,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
         epilog=(
             "Examples:\n"
             "  fullthrottle predict --csv new_penguins.csv\n"
+            "  fullthrottle predict --parquet new_penguins.parquet --output json\n"
             "  fullthrottle predict --json request.json --url http://127.0.0.1:8501\n"
             "  fullthrottle predict --csv rows.csv --grpc 127.0.0.1:8500 --output json"
         ),

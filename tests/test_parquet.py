@@ -424,3 +424,22 @@ def test_bad_parquet_stops_the_cli_before_any_component(frame, tmp_path):
         for word in words:
             assert word in output, (name, word, output[-2000:])
         assert seconds < 60, seconds  # interpreter and TensorFlow start-up dominate
+
+
+def test_kubeflow_compiles_the_parquet_example_gen_with_its_resources():
+    from pipelines.kubeflow_v2_runner import compile_pipeline
+
+    config = load_config(
+        overrides=[
+            "data.format=parquet",
+            "data.path=/mnt/data/penguins",
+            "kubeflow.resources.example_gen.memory_limit=9Gi",
+        ]
+    )
+    executors = compile_pipeline(config).pipeline_spec["deploymentSpec"]["executors"]
+    container = executors["FileBasedExampleGen_executor"]["container"]
+    assert container["resources"]["resourceMemoryLimit"] == "9Gi"
+    args = container["args"]
+    assert args[args.index("--executor_class_path") + 1] == (
+        "tfx.components.example_gen.custom_executors.parquet_executor.Executor"
+    )

@@ -384,6 +384,11 @@ def test_bad_parquet_is_refused_with_one_paragraph_in_process(frame, tmp_path):
             assert word in message, (name, word, message)
 
 
+def test_a_parquet_file_under_format_csv_is_named_as_parquet(parquet_file, tmp_path):
+    with pytest.raises(DataError, match=r"is a Parquet file, but `data.format` is 'csv'"):
+        stage(parquet_file, tmp_path / "out", format="csv")
+
+
 def test_init_drops_unsupported_columns_and_refuses_bad_files(frame, tmp_path):
     cases = _bad_inputs(frame, tmp_path)
     for name, (path, _, words) in cases.items():

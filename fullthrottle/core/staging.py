@@ -170,7 +170,23 @@ def _check_columns(spec: DataSpec, header: list[str], where: str) -> None:
         )
 
 
+def _refuse_parquet_as_csv(files: list[Path]) -> None:
+    """A Parquet file under `data.format: csv` (e.g. `run --data x.parquet` with a CSV config)."""
+    from fullthrottle.core.parquet import MAGIC
+
+    for path in files:
+        with path.open("rb") as f:
+            magic = f.read(4)
+        if magic == MAGIC:
+            raise DataError(
+                f"{path} is a Parquet file, but `data.format` is 'csv'; set `data.format: "
+                "parquet` (e.g. --set data.format=parquet, or write the config with "
+                "`fullthrottle init --data` on it)."
+            )
+
+
 def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> PreparedData:
+    _refuse_parquet_as_csv(files)
     header0: list[str] | None = None
     all_rows: list[list[str]] = []
     places: list[str] = []  # where each row is, for messages: "line 7" or "b.csv line 7"

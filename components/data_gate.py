@@ -200,14 +200,17 @@ def _clip(text: str) -> str:
 
 
 def describe_inputs(spec: Any, input_base: str) -> str:
-    """Names the user's input files for the report (ExampleGen reads a staged copy of CSVs)."""
+    """Names the user's input files for the report (ExampleGen reads a staged copy of CSV and
+    Parquet input)."""
     from fullthrottle.core.bundled import bundled_path
 
     try:
         original = str(bundled_path(spec.path))
     except DataError:
         original = spec.path
-    if spec.format == "csv" and os.path.normpath(input_base) != os.path.normpath(original):
+    if spec.format in ("csv", "parquet") and os.path.normpath(input_base) != os.path.normpath(
+        original
+    ):
         return f"{original} (staged for ExampleGen in {input_base})"
     return original
 

@@ -38,6 +38,7 @@ ENTRYPOINT = ("python", "-m", "tfx.orchestration.kubeflow.v2.container.kubeflow_
 STEP_OF_COMPONENT: Mapping[str, str] = {
     "CsvExampleGen": "example_gen",
     "ImportExampleGen": "example_gen",
+    "FileBasedExampleGen": "example_gen",
     "StatisticsGen": "statistics_gen",
     "SchemaGen": "schema_gen",
     "ImportSchemaGen": "schema_gen",

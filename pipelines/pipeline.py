@@ -22,6 +22,9 @@ from typing import Any
 import numpy as np
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
+from tfx.components import FileBasedExampleGen
+from tfx.components.example_gen.custom_executors import parquet_executor
+from tfx.dsl.components.base import executor_spec
 
 from components.data_gate import DataGate, ImportSchema, describe_inputs, file_digest
 from components.safe_pusher import SafePusher
@@ -200,6 +203,15 @@ def create_pipeline(
                     ]
                 )
             ),
+        )
+    elif spec.format == "parquet":
+        # Staged as CSV is (train/, eval/ under input_base), read by TFX's stock Parquet executor.
+        example_gen = FileBasedExampleGen(
+            input_base=input_base,
+            input_config=tfx.proto.Input(
+                splits=[tfx.proto.Input.Split(name=name, pattern=f"{name}/*") for name in SPLITS]
+            ),
+            custom_executor_spec=executor_spec.BeamExecutorSpec(parquet_executor.Executor),
         )
     else:
         # Staging wrote the splits, stratified by label: <input_base>/train/, <input_base>/eval/.

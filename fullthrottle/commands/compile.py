@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 f"  input base:    {paths['input_base']}"
                 + (
                     " (put the train/ and eval/ folders `fullthrottle run` stages there)"
-                    if config.data.format == "csv"
+                    if config.data.format in ("csv", "parquet")
                     else ""
                 ),
                 f"  serving dir:   {paths['serving_dir']}",

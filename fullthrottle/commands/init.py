@@ -34,7 +34,7 @@ NAME_WIDTH = 40
 def register(sub: Any) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "init",
-        help="write a commented config for your own CSV (or TFRecord folder)",
+        help="write a commented config for your own CSV or Parquet (or TFRecord folder)",
         description=(
             "Reads a sample of your data, decides for each column whether it is numeric, "
             "categorical or free text (or drops it, with the reason), and writes a commented YAML "
@@ -52,7 +52,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
         "--data",
         required=True,
         metavar="PATH",
-        help="a CSV file, or a folder of CSV or TFRecord files",
+        help="a CSV or Parquet file, or a folder of CSV, Parquet or TFRecord files",
     )
     parser.add_argument(
         "--label",
@@ -154,7 +154,8 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         lines.append("")
     lines += [
         "data:",
-        "  # A CSV file or folder of CSVs, or a folder of TFRecord files; relative to this file.",
+        "  # A CSV file or folder of CSVs, a Parquet file or folder of Parquet files (typed by",
+        "  # their schema), or a folder of TFRecord files; relative to this file.",
         f"  path: {_scalar(data_path)}",
         f"  format: {inference.format}",
         "  # The column to predict.",
@@ -204,7 +205,7 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         for report in inference.dropped:
             lines.append(f"  #   {_comment(report.name)}: {_comment(report.reason)}")
     lines += [
-        "  # Cells equal to one of these are missing values.",
+        '  # CSV cells equal to one of these are missing values (in Parquet: nulls, NaN and "").',
         f"  na_values: {_scalar(list(inference.na_values))}",
         '  # How numbers are written in numeric columns: decimal "," reads 18,9 as 18.9;',
         '  # thousands "," reads 1,234 as 1234 (one of "," "." " " "\'", or null for none).',
@@ -213,8 +214,8 @@ def render_config(inference: Any, *, config_path: Path) -> str:
         '  # Label values that differ only in whitespace or case ("Adelie", "Adelie "): stop (say',
         "  # where they are), merge (into the most frequent spelling) or keep (different classes).",
         "  near_duplicate_labels: stop",
-        "  # Rows are split train : eval in these shares (3 : 1 = 75% train): CSV stratified by",
-        "  # label (every class keeps a row in train), TFRecords by a hash of the record.",
+        "  # Rows are split train : eval in these shares (3 : 1 = 75% train): CSV and Parquet",
+        "  # stratified by label (every class keeps a row in train), TFRecords by a record hash.",
         "  train_buckets: 3",
         "  eval_buckets: 1",
         "",

@@ -1,4 +1,4 @@
-"""`fullthrottle predict`: send CSV rows or JSON to a model server and print the predictions.
+"""`fullthrottle predict`: send CSV or Parquet rows or JSON to a model server, print the predictions.
 
 CSV rows become tf.Examples sent to ``serving_default``. Each cell is typed as the model declares
 its raw input (``predict_raw``'s dtypes, read from the server's metadata route
@@ -8,6 +8,8 @@ and column), float inputs floats, strings bytes. A server without that route (or
 ``predict_raw``) gets cells typed by the config's data spec, numbers as floats, with a note.
 Missing cells (empty or ``data.na_values``) are left out of the tf.Example, as CsvExampleGen does;
 if the model requires that feature, the server's refusal is reported with the CSV line.
+Parquet rows (``--parquet``, a file or a folder of files, fullthrottle/core/parquet.py) are
+typed the same way from their values; a null (NaN, "") is left out like an empty CSV cell.
 JSON is either a whole TF Serving request body or a list of feature objects (sent to
 ``predict_raw``). REST works with `fullthrottle serve` and TF Serving; ``--grpc`` uses TF
 Serving's PredictionService through tensorflow-serving-api.
@@ -41,9 +43,9 @@ from fullthrottle.core.errors import DataError, ServingError
 def register(sub: Any) -> argparse.ArgumentParser:
     parser = sub.add_parser(
         "predict",
-        help="send CSV rows or JSON to a model server and print predictions",
+        help="send CSV or Parquet rows or JSON to a model server and print predictions",
         description=(
-            "Reads CSV (header row; the label column is ignored) or JSON, sends it to a TF Serving "
+            "Reads CSV (header row; the label column is ignored), Parquet or JSON, sends it to a TF Serving "
             "REST API (fullthrottle serve, TF Serving, KServe) or TF Serving's gRPC API, and prints "
             "one line per example: the class and the class probabilities (a regression model: the "
             "number)."
@@ -51,6 +53,7 @@ def register(sub: Any) -> argparse.ArgumentParser:
         epilog=(
             "Examples:\n"
             "  fullthrottle predict --csv new_penguins.csv\n"
+            "  fullthrottle predict --parquet new_penguins.parquet --output json\n"
             "  fullthrottle predict --json request.json --url http://127.0.0.1:8501\n"
             "  fullthrottle predict --csv rows.csv --grpc 127.0.0.1:8500 --output json"
         ),
@@ -60,6 +63,9 @@ def register(sub: Any) -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--csv", metavar="FILE", help="CSV file with a header row ('-' reads stdin)"
+    )
+    source.add_argument(
+        "--parquet", metavar="PATH", help="a Parquet file or a folder of Parquet files"
     )
     source.add_argument(
         "--json", metavar="FILE", help="a request body or a list of feature objects ('-': stdin)"
@@ -203,12 +209,79 @@ def csv_to_examples(
     return examples, lines
 
 
+def parquet_to_examples(
+    path: str, config: Config, *, kinds: Mapping[str, str] | None = None
+) -> tuple[list[bytes], list[int]]:
+    """Serialized tf.Examples for the rows of a Parquet file (or folder), and each row's number
+    (1-based, counted across the files in name order). Typed as `csv_to_examples` types cells;
+    nulls are left out of the example."""
+    import tensorflow as tf
+
+    from fullthrottle.core import parquet
+
+    source = Path(path)
+    if not source.exists():
+        from fullthrottle.core.paths import missing_path_message
+
+        raise DataError(
+            missing_path_message(path, "input", "; point --parquet at a Parquet file or folder")
+        )
+    files = parquet.parquet_files(source, field="--parquet")
+    schema = parquet.common_schema(files)
+    spec = config.data
+    if kinds is None:
+        numeric = set(spec.numeric)
+        kinds = {name: "float" if name in numeric else "bytes" for name in spec.feature_columns}
+    missing = [c for c in kinds if c not in schema.names]
+    if missing:
+        raise DataError(
+            f"{path}: the Parquet file lacks the feature column(s) {missing} the model takes; "
+            f"it has {schema.names}"
+        )
+    for name in kinds:
+        if parquet.kind_of(schema.field(name).type) is None:
+            raise DataError(
+                f"{path}: column {name!r} is of an unsupported type "
+                f"({parquet.unsupported_reason(schema.field(name).type)})"
+            )
+    parquet.check_not_empty(files, where=path)
+    data = parquet.read_table(files, list(kinds)).to_pydict()
+    examples, rows = [], []
+    for number, values in enumerate(zip(*(data[n] for n in kinds), strict=True), start=1):
+        features = {}
+        for (name, kind), value in zip(kinds.items(), values, strict=True):
+            if value is None:
+                continue
+            if kind == "bytes":
+                features[name] = tf.train.Feature(
+                    bytes_list=tf.train.BytesList(value=[str(value).encode("utf-8")])
+                )
+            elif kind == "float":
+                features[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+            elif isinstance(value, str) or not float(value).is_integer():
+                raise DataError(
+                    f"{path}, row {number}: column {name!r} takes whole numbers (the model's "
+                    f"input is an integer), got {value!r}; cast the column to an integer type"
+                )
+            else:
+                features[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=[int(value)]))
+        examples.append(
+            tf.train.Example(features=tf.train.Features(feature=features)).SerializeToString()
+        )
+        rows.append(number)
+    return examples, rows
+
+
 def request_body(
     args: argparse.Namespace, config: Config, *, kinds: Mapping[str, str] | None = None
 ) -> tuple[dict[str, Any], list[int]]:
-    """The TF Serving REST body for the input given on the command line, and CSV line numbers."""
-    if args.csv:
-        examples, lines = csv_to_examples(_read(args.csv), config, source=args.csv, kinds=kinds)
+    """The TF Serving REST body for the input given on the command line, and CSV line numbers
+    (Parquet row numbers)."""
+    if args.csv or getattr(args, "parquet", None):
+        if args.csv:
+            examples, lines = csv_to_examples(_read(args.csv), config, source=args.csv, kinds=kinds)
+        else:
+            examples, lines = parquet_to_examples(args.parquet, config, kinds=kinds)
         body = {
             "signature_name": "serving_default",
             "instances": [{"b64": base64.b64encode(e).decode()} for e in examples],
@@ -283,9 +356,15 @@ _REQUIRED_FEATURE = re.compile(r"Feature: (?P<key>.+?) \(data type: \w+\) is req
 
 
 def _with_csv_line(
-    error: ServingError, *, examples: list[bytes], lines: list[int], source: str
+    error: ServingError,
+    *,
+    examples: list[bytes],
+    lines: list[int],
+    source: str,
+    unit: str = "line(s)",
 ) -> ServingError:
-    """Adds the CSV line and column to a server refusal of a missing required feature."""
+    """Adds the CSV line (Parquet row: `unit` "row(s)") and column to a server refusal of a
+    missing required feature."""
     import tensorflow as tf
 
     found = _REQUIRED_FEATURE.search(str(error))
@@ -301,7 +380,7 @@ def _with_csv_line(
         return error
     shown = ", ".join(str(line) for line in lacking[:10]) + (" ..." if len(lacking) > 10 else "")
     return ServingError(
-        f"{error} In {source}, column {key!r} is empty or missing on line(s) {shown}: the model "
+        f"{error} In {source}, column {key!r} is empty or missing on {unit} {shown}: the model "
         "needs it in every row; fill in those cells"
     )
 
@@ -472,7 +551,8 @@ def run(args: argparse.Namespace) -> int:
     version_path = f"/versions/{args.version}" if args.version is not None else ""
     base = (args.url or f"http://{config.serving.host}:{config.serving.rest_port}").rstrip("/")
     kinds = None
-    if args.csv:
+    rows_input = args.csv or getattr(args, "parquet", None)
+    if rows_input:
         # Type the cells as the served model declares its raw inputs (int64 columns stay int64).
         if args.grpc:
             metadata = metadata_grpc(
@@ -486,7 +566,7 @@ def run(args: argparse.Namespace) -> int:
         if kinds is None:
             print(
                 "fullthrottle predict: note: the server did not describe the model's raw inputs "
-                "(no metadata route or no predict_raw signature); CSV cells are typed by the "
+                "(no metadata route or no predict_raw signature); cells are typed by the "
                 "config's data spec, numbers as floats",
                 file=sys.stderr,
             )
@@ -500,9 +580,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             response = predict_rest(url, body, timeout=args.timeout)
     except ServingError as exc:
-        if args.csv:
+        if rows_input:
             examples = [base64.b64decode(i["b64"]) for i in body["instances"]]
-            raise _with_csv_line(exc, examples=examples, lines=lines, source=args.csv) from None
+            raise _with_csv_line(
+                exc,
+                examples=examples,
+                lines=lines,
+                source=rows_input,
+                unit="line(s)" if args.csv else "row(s)",
+            ) from None
         raise
     rows = _rows(response)
     if args.output == "json":

@@ -56,7 +56,8 @@ def infer_schema_text(config: Any, *, work_dir: str) -> str:
     import tensorflow_data_validation as tfdv
     from google.protobuf import text_format
 
-    from fullthrottle.core.staging import STAGED_CSV, prepare_data
+    from fullthrottle.core.splits import SPLITS
+    from fullthrottle.core.staging import STAGED_CSV, STAGED_PARQUET, prepare_data
 
     staged = dataclasses.replace(config, output_dir=work_dir)
     prepared = prepare_data(staged)
@@ -69,6 +70,27 @@ def infer_schema_text(config: Any, *, work_dir: str) -> str:
             data_location=os.path.join(prepared.input_base, "*", STAGED_CSV),
             pipeline_options=options,
         )
+    elif config.data.format == "parquet":
+        # The staged files hold single-value list columns, the Arrow form TFDV reads.
+        import apache_beam as beam
+        import pyarrow.parquet as pq
+
+        batches = [
+            batch
+            for split in SPLITS
+            for batch in pq.read_table(
+                os.path.join(prepared.input_base, split, STAGED_PARQUET)
+            ).to_batches()
+        ]
+        output = os.path.join(work_dir, "parquet_stats.tfrecord")
+        with beam.Pipeline(options=options) as pipeline:
+            _ = (
+                pipeline
+                | beam.Create(batches, reshuffle=False)
+                | tfdv.GenerateStatistics()
+                | tfdv.WriteStatisticsToTFRecord(output)
+            )
+        stats = tfdv.load_statistics(output)
     else:
         stats = tfdv.generate_statistics_from_tfrecord(
             data_location=os.path.join(prepared.input_base, "*"), pipeline_options=options

@@ -1,7 +1,7 @@
 """Column inference for `fullthrottle init`: what kind of feature each column of a sample is.
 
-Owns: reading a sample (the first `sample_rows` rows of a CSV file, or records of a TFRecord
-folder), deciding per column, and explaining each decision in one line. Refuses (with a
+Owns: reading a sample (the first `sample_rows` rows of a CSV file or of Parquet files, or
+records of a TFRecord folder), deciding per column, and explaining each decision in one line. Refuses (with a
 `DataError` naming the file and column): a file that is not comma-separated UTF-8 text, a label
 column that is not in the data, a label with a single value (nothing to learn), a label of text
 with so many distinct values that it looks like an identifier, a label forced to regression that
@@ -17,8 +17,9 @@ The heuristics, in order (the same text is in docs/own-data.md):
 1. A cell is missing when it is empty or one of `NA_CANDIDATES` ("NA", "N/A", "null", ...).
 2. A column with no present value in the sample, or a single distinct value, is dropped with a
    note (there is nothing to learn from it). For the label this is an error.
-3. numeric: every present cell parses as a number (CSV), or the values are float/int lists
-   (TFRecord). A column of numbers except a few cells, or of numbers in another notation
+3. numeric: every present cell parses as a number (CSV), the values are float/int lists
+   (TFRecord), or the column's Parquet type is an integer, float or boolean (Parquet; a column
+   of another Parquet type than these and strings is dropped with its type named). A column of numbers except a few cells, or of numbers in another notation
    (`fullthrottle.core.data_checks.NUMBER_LIKE_FRACTION`), is numeric too and reported as a
    finding (the cells, their lines, the fix), as are label values written several ways: init
    asks instead of guessing, and `run` stops on them until they are decided.
@@ -101,7 +102,7 @@ class Inference:
     """The result of reading a sample: ready to be written as a `DataSpec`."""
 
     path: Path
-    format: str  # "csv" | "tfrecord"
+    format: str  # "csv" | "tfrecord" | "parquet"
     source_file: Path  # the file the sample came from
     rows_sampled: int
     label: str
@@ -195,6 +196,55 @@ def _read_csv_sample(path: Path, sample_rows: int) -> tuple[list[str], list[list
     if not rows:
         raise DataError(f"{path} has a header but no rows of data")
     return header, rows, places
+
+
+def _read_parquet_sample(
+    files: list[Path], sample_rows: int
+) -> tuple[list[str], dict[str, list], dict[str, bool], list[str], dict[str, str]]:
+    """Column names, the first `sample_rows` rows' values per column (None for missing),
+    which columns are numbers, where each row is ("b.parquet row 3"), and the columns of an
+    unsupported type with the reason (fullthrottle/core/parquet.py)."""
+    import pyarrow.parquet as pq
+
+    from fullthrottle.core import parquet
+
+    schema = parquet.common_schema(files)
+    header = list(schema.names)
+    where = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
+    parquet.check_not_empty(files, where=where)
+    kinds = {name: parquet.kind_of(schema.field(name).type) for name in header}
+    unsupported = {
+        name: parquet.unsupported_reason(schema.field(name).type)
+        for name, kind in kinds.items()
+        if kind is None
+    }
+    readable = [name for name in header if name not in unsupported]
+    columns: dict[str, list] = {name: [] for name in readable}
+    places: list[str] = []
+    for path in files:
+        prefix = f"{path.name} " if len(files) > 1 else ""
+        number = 0
+        try:
+            batches = pq.ParquetFile(path).iter_batches(batch_size=4096, columns=readable)
+            for batch in batches:
+                batch = batch.slice(0, sample_rows - len(places))
+                for name in readable:
+                    array = parquet.plain_column(batch.column(name), column=name, where=str(path))
+                    columns[name] += array.to_pylist()
+                places += [f"{prefix}row {number + n}" for n in range(1, batch.num_rows + 1)]
+                number += batch.num_rows
+                if len(places) >= sample_rows:
+                    break
+        except DataError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged page: name the file
+            raise DataError(
+                f"{path} is a damaged Parquet file ({str(exc).splitlines()[0][:200]}); re-export it"
+            ) from None
+        if len(places) >= sample_rows:
+            break
+    numeric = {name: kinds[name] in (parquet.INT, parquet.FLOAT) for name in readable}
+    return header, columns, numeric, places, unsupported
 
 
 def _is_tfrecord_file(path: Path) -> bool:
@@ -398,7 +448,13 @@ def _source_files(path: Path) -> tuple[str, list[Path]]:
         raise DataError(
             missing_path_message(path, "data path", "; point --data at a CSV file or a folder")
         )
+    from fullthrottle.core.parquet import MAGIC, is_parquet_name, parquet_files
+
     if path.is_file():
+        with path.open("rb") as f:
+            magic = f.read(4)
+        if is_parquet_name(path) or magic == MAGIC:
+            return "parquet", parquet_files(path, field="--data")
         if _is_tfrecord_file(path):
             raise DataError(
                 f"{path} is a single TFRecord file: fullthrottle reads TFRecord data from a folder; "
@@ -406,6 +462,8 @@ def _source_files(path: Path) -> tuple[str, list[Path]]:
             )
         return "csv", [path]
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    if any(is_parquet_name(p) for p in files):
+        return "parquet", parquet_files(path, field="--data")
     if not files:
         raise DataError(f"data folder {path} has no files in it")
     if all(_is_tfrecord_file(p) for p in files):
@@ -430,6 +488,7 @@ def infer_columns(
     `task` ("classification" or "regression") overrides what `label_task` decides."""
     path = Path(path)
     data_format, files = _source_files(path)
+    unsupported: dict[str, str] = {}  # Parquet columns of a type fullthrottle does not read
     if data_format == "csv":
         header, rows, places = _read_csv_sample(files[0], sample_rows)
         seen_na = {cell for row in rows for cell in row if cell in NA_CANDIDATES}
@@ -443,6 +502,12 @@ def infer_columns(
             for name, values in columns.items()
         }
         rows_sampled = len(rows)
+    elif data_format == "parquet":
+        header, columns, numeric_kinds, places, unsupported = _read_parquet_sample(
+            files, sample_rows
+        )
+        na_values = ()
+        rows_sampled = len(places)
     else:
         header, records, kinds, places = _read_tfrecord_sample(files, sample_rows)
         na_values = ()
@@ -458,6 +523,16 @@ def infer_columns(
         rows_sampled = len(records)
     where = files[0]
 
+    if label in unsupported:
+        raise DataError(
+            f"{where}: the label column {label!r} is of an unsupported type ({unsupported[label]})."
+        )
+    unknown_text = [t for t in text_columns if t in unsupported]
+    if unknown_text:
+        raise DataError(
+            f"{where}: column {unknown_text[0]!r} (named with --text) is of an unsupported type "
+            f"({unsupported[unknown_text[0]]})."
+        )
     if label not in columns:
         close = [h for h in header if h.lower() == label.lower()]
         hint = f" (did you mean {close[0]!r}? names are case-sensitive)" if close else ""
@@ -551,6 +626,11 @@ def infer_columns(
     for name in header:
         if name == label:
             continue
+        if name in unsupported:
+            report = ColumnReport(name, "dropped", unsupported[name], 0, 0, 0)
+            reports.append(report)
+            dropped.append(report)
+            continue
         present = [v for v in columns[name] if v is not None]
         kind, reason = _decide(
             name,
@@ -562,6 +642,7 @@ def infer_columns(
             kind in ("categorical", "dropped")
             and len(set(present)) > 1
             and name not in text_columns
+            and data_format != "parquet"  # a Parquet column's type is the file's, not a guess
         ):
             # Numbers except a few cells (or in another notation): not a guess, a question.
             numbers = inspect_numbers(name, _cells(places, columns[name]))

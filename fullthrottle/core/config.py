@@ -163,7 +163,9 @@ class DataSpec:
     """What the data is: where it lives and what each column means."""
 
     path: str = BUNDLED_PENGUINS  # a CSV file or folder of CSVs, a TFRecord folder, a bundled name
-    format: Literal["csv", "tfrecord"] = "csv"  # tfrecord: gzip or plain tf.Example records
+    # tfrecord: gzip or plain tf.Example records; parquet: a file or a folder of .parquet files,
+    # typed by their schema (fullthrottle/core/parquet.py)
+    format: Literal["csv", "tfrecord", "parquet"] = "csv"
     label: Annotated[str, Field(min_length=1, description="name the label column")] = "species"
     # What the label is: "classification" (each distinct value is a class; the model answers
     # class probabilities) or "regression" (a number; the model answers a number, trained on the

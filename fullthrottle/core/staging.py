@@ -6,8 +6,10 @@ every configured column, and writes a normalized copy of CSV input into the run'
 already split: `train/data.csv` and `eval/data.csv`, stratified by label
 (fullthrottle/core/splits.py), which ExampleGen reads as its two input splits. Each file is
 rewritten only when its content changes, so an unchanged input keeps its file fingerprints and
-the pipeline's cache stays valid. TFRecord input is read where it is and split by ExampleGen's
-hash buckets; a class whose every record would land in eval stops the run here.
+the pipeline's cache stays valid. Parquet input (fullthrottle/core/parquet.py) is checked,
+split the same way and staged as `train/data.parquet` and `eval/data.parquet` (the configured
+columns, typed by the Parquet schema). TFRecord input is read where it is and split by
+ExampleGen's hash buckets; a class whose every record would land in eval stops the run here.
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ from fullthrottle.core.splits import (
 )
 
 STAGED_CSV = "data.csv"  # in each split's folder: <staged>/train/data.csv, <staged>/eval/data.csv
+STAGED_PARQUET = "data.parquet"  # <staged>/train/data.parquet, <staged>/eval/data.parquet
+STAGED_FILES = {"csv": STAGED_CSV, "parquet": STAGED_PARQUET}
 CATEGORICAL_HINT = "Or, if the column holds categories, list it under `data.categorical`."
 
 
@@ -77,16 +81,19 @@ def source_files(spec: DataSpec) -> list[Path]:
         return [bundled_path(spec.path)]
     path = Path(spec.path)
     if not path.exists():
-        kind = (
-            "CSV file or a folder of CSV files"
-            if spec.format == "csv"
-            else "folder of TFRecord files"
-        )
+        kind = {
+            "csv": "CSV file or a folder of CSV files",
+            "parquet": "Parquet file or a folder of Parquet files",
+        }.get(spec.format, "folder of TFRecord files")
         raise DataError(
             missing_path_message(
                 path, "data path", f" (config field `data.path`); point it at a {kind}"
             )
         )
+    if spec.format == "parquet":
+        from fullthrottle.core.parquet import parquet_files
+
+        return parquet_files(path)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
         if not files:
@@ -163,7 +170,23 @@ def _check_columns(spec: DataSpec, header: list[str], where: str) -> None:
         )
 
 
+def _refuse_parquet_as_csv(files: list[Path]) -> None:
+    """A Parquet file under `data.format: csv` (e.g. `run --data x.parquet` with a CSV config)."""
+    from fullthrottle.core.parquet import MAGIC
+
+    for path in files:
+        with path.open("rb") as f:
+            magic = f.read(4)
+        if magic == MAGIC:
+            raise DataError(
+                f"{path} is a Parquet file, but `data.format` is 'csv'; set `data.format: "
+                "parquet` (e.g. --set data.format=parquet, or write the config with "
+                "`fullthrottle init --data` on it)."
+            )
+
+
 def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> PreparedData:
+    _refuse_parquet_as_csv(files)
     header0: list[str] | None = None
     all_rows: list[list[str]] = []
     places: list[str] = []  # where each row is, for messages: "line 7" or "b.csv line 7"
@@ -251,31 +274,152 @@ def _no_eval_rows_message(spec: DataSpec, *, source: str, rows: int) -> str:
     )
 
 
+def _check_parquet_types(spec: DataSpec, schema: object, source: str) -> None:
+    """Every configured column of a type fullthrottle reads, numbers where numbers are needed;
+    all problems in one message."""
+    from fullthrottle.core.parquet import FLOAT, INT, kind_of, unsupported_reason
+
+    findings = []
+    numbers = (*spec.numeric, *((spec.label,) if spec.task == "regression" else ()))
+    for column in spec.all_columns:
+        arrow_type = schema.field(column).type  # type: ignore[attr-defined]
+        where = "`data.label`" if column == spec.label else _listed_in(spec, column)
+        kind = kind_of(arrow_type)
+        if kind is None:
+            findings.append(
+                Finding(
+                    column,
+                    where,
+                    f"its {unsupported_reason(arrow_type)}",
+                    "Or remove it from the config.",
+                )
+            )
+        elif column in numbers and kind not in (INT, FLOAT):
+            findings.append(
+                Finding(
+                    column,
+                    where,
+                    f"a number is needed, but its Parquet type is {arrow_type}",
+                    "Cast the column to a number type when writing the file"
+                    + (
+                        ", or set `data.task: classification`."
+                        if column == spec.label
+                        else f". {CATEGORICAL_HINT}"
+                    ),
+                )
+            )
+    if findings:
+        raise DataError(report(findings, source=source))
+
+
+def _listed_in(spec: DataSpec, column: str) -> str:
+    if column in spec.numeric:
+        return "`data.numeric`"
+    if column in spec.categorical:
+        return "`data.categorical`"
+    return "`data.text`"
+
+
+def _prepare_parquet(spec: DataSpec, files: list[Path], staged_dir: Path) -> PreparedData:
+    """Checks Parquet input and stages its configured columns, split as CSV input is split."""
+    from fullthrottle.core import parquet
+
+    source = str(files[0]) if len(files) == 1 else f"{spec.path} ({len(files)} files)"
+    schema = parquet.common_schema(files)
+    parquet.check_not_empty(files, where=source)
+    header = list(schema.names)
+    _check_columns(spec, header, source)
+    _check_parquet_types(spec, schema, source)
+    wanted = set(spec.all_columns)
+    columns = [name for name in header if name in wanted]
+    table = parquet.read_table(files, columns)
+    data = table.to_pydict()
+    rows = [
+        [parquet.cell_text(value) for value in values]
+        for values in zip(*(data[name] for name in columns), strict=True)
+    ]
+    places = []
+    for path in files:
+        prefix = f"{path.name} " if len(files) > 1 else ""
+        places += [f"{prefix}row {n}" for n in range(1, parquet.row_count([path]) + 1)]
+    # The types are the file's: only the label's cells need the checks CSV cells get.
+    _check_cells(spec, columns, rows, places, source=source, numeric=())
+    index = columns.index(spec.label)
+    if spec.near_duplicate_labels == "merge" and spec.task == "classification":
+        merges = inspect_labels(spec.label, (("", row[index]) for row in rows)).merges()
+        if merges:
+            import pyarrow as pa
+
+            for row in rows:
+                row[index] = merges.get(row[index], row[index])
+            merged = pa.array(
+                [merges.get(v, v) if isinstance(v, str) else v for v in data[spec.label]],
+                type=table.schema.field(spec.label).type,
+            )
+            table = table.set_column(index, spec.label, merged)
+    _check_label_classes(spec, columns, rows, files)
+    labels = [row[index] for row in rows]
+    regression = spec.task == "regression"
+    if regression:
+        labels = range_strata(
+            labels, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
+        )
+    assignment = stratified_split(
+        labels,
+        [row_key(row) for row in rows],
+        train_buckets=spec.train_buckets,
+        eval_buckets=spec.eval_buckets,
+    )
+    split = SplitSummary.count(
+        method=STRATIFIED_RANGE if regression else STRATIFIED,
+        label=spec.label,
+        pairs=zip(labels, assignment, strict=True),
+        classes=not regression,
+    )
+    if not split.rows("eval"):
+        raise DataError(_no_eval_rows_message(spec, source=source, rows=len(rows)))
+    contents = {
+        name: parquet.table_bytes(
+            table.take([i for i, where in enumerate(assignment) if where == name])
+        )
+        for name in SPLITS
+    }
+    _write_staged_files(staged_dir, contents, STAGED_PARQUET)
+    return PreparedData(str(staged_dir), tuple(map(str, files)), tuple(header), len(rows), split)
+
+
 def _write_staged(staged_dir: Path, header: list[str], splits: dict[str, list[list[str]]]) -> None:
-    """Writes `<split>/data.csv` for each split; a file whose content is unchanged is left as it
-    is (its fingerprint keeps ExampleGen's cache valid). Anything else in the folder goes."""
-    staged_dir.mkdir(parents=True, exist_ok=True)
+    """Writes `<split>/data.csv` for each split (see `_write_staged_files`)."""
+    contents = {}
     for name, rows in splits.items():
         buffer = io.StringIO(newline="")
         # The header line as CsvExampleGen reads it: split at commas, quotes not read (a name
         # with a quote character stays as it is; names with commas were refused above).
         buffer.write(",".join(header) + "\n")
         csv.writer(buffer, lineterminator="\n").writerows(rows)
-        content = buffer.getvalue().encode("utf-8")
+        contents[name] = buffer.getvalue().encode("utf-8")
+    _write_staged_files(staged_dir, contents, STAGED_CSV)
+
+
+def _write_staged_files(staged_dir: Path, contents: dict[str, bytes], file_name: str) -> None:
+    """Writes `<split>/<file_name>` for each split; a file whose content is unchanged is left as
+    it is (its fingerprint keeps ExampleGen's cache valid). Anything else in the folder goes."""
+    staged_dir.mkdir(parents=True, exist_ok=True)
+    for name, content in contents.items():
         folder = staged_dir / name
         if folder.exists() and not folder.is_dir():
             folder.unlink()
         folder.mkdir(exist_ok=True)
-        target = folder / STAGED_CSV
+        target = folder / file_name
         if not target.exists() or target.read_bytes() != content:
             tmp = target.with_suffix(".tmp")
             tmp.write_bytes(content)
             os.replace(tmp, target)
         for stale in folder.iterdir():
-            if stale.name != STAGED_CSV:
+            if stale.name != file_name:
                 _remove(stale)
     for stale in staged_dir.iterdir():
-        if stale.name not in splits:
+        if stale.name not in contents:
             _remove(stale)
 
 
@@ -288,12 +432,19 @@ def _remove(path: Path) -> None:
 
 # Value checks that would otherwise be guessed quietly or fail deep inside Transform.
 def _check_cells(
-    spec: DataSpec, header: list[str], rows: list[list[str]], places: list[str], *, source: str
+    spec: DataSpec,
+    header: list[str],
+    rows: list[list[str]],
+    places: list[str],
+    *,
+    source: str,
+    numeric: tuple[str, ...] | None = None,
 ) -> None:
-    """Numbers as `data.decimal`/`data.thousands` write them in every numeric column, and one
-    spelling per label class (fullthrottle/core/data_checks.py); all findings in one message."""
+    """Numbers as `data.decimal`/`data.thousands` write them in every numeric column (`numeric`,
+    default `data.numeric`), and one spelling per label class (fullthrottle/core/data_checks.py);
+    all findings in one message."""
     findings = []
-    for column in spec.numeric:
+    for column in spec.numeric if numeric is None else numeric:
         index = header.index(column)
         numbers = inspect_numbers(
             column,
@@ -563,6 +714,8 @@ def prepare_data(config: Config) -> PreparedData:
     files = source_files(spec)
     if spec.format == "tfrecord":
         return _prepare_tfrecord(spec, files)
+    if spec.format == "parquet":
+        return _prepare_parquet(spec, files, config.staged_data_dir)
     return _prepare_csv(spec, files, config.staged_data_dir)
 
 
@@ -573,16 +726,17 @@ def read_input_cells(
 
     For the DataGate, on any runner (tf.io.gfile reads local paths and object stores alike).
     CSV: every file of the split folders ExampleGen reads (`train/`, `eval/`), its header split
-    as CsvExampleGen splits it (at commas), places "train/data.csv line 7". TFRecord: every
-    record of every file in the folder, places "part-0.gz record 3"; numbers are written as
-    text, bytes decoded as UTF-8. A missing cell or feature is "".
+    as CsvExampleGen splits it (at commas), places "train/data.csv line 7". Parquet: every file
+    of the split folders, places "train/data.parquet row 7". TFRecord: every record of every
+    file in the folder, places "part-0.gz record 3"; numbers are written as text, bytes decoded
+    as UTF-8. A missing cell or feature is "".
     """
     import tensorflow as tf
 
     # (the prefix of the places, the folder)
     folders = (
         [(f"{split}/", os.path.join(input_base, split)) for split in SPLITS]
-        if data_format == "csv"
+        if data_format in ("csv", "parquet")
         else [("", input_base)]
     )
     files = [
@@ -593,6 +747,11 @@ def read_input_cells(
     ]
     cells: dict[str, list[tuple[str, str]]] = {column: [] for column in columns}
     for name, path in files:
+        if data_format == "parquet":
+            for place, values in _parquet_cells(path, name, columns):
+                for column in columns:
+                    cells[column].append((place, values[column]))
+            continue
         if data_format == "csv":
             with tf.io.gfile.GFile(path, "r") as f:
                 header = f.readline().rstrip("\r\n").split(",")
@@ -619,8 +778,8 @@ def input_label_splits(input_base: str, *, spec: DataSpec) -> SplitSummary:
     """The label's rows per class and split in the data ExampleGen read from `input_base`: the
     split folders of CSV input, ExampleGen's hash split of TFRecord input (for the DataGate, which
     also sees data that `fullthrottle run` did not stage, such as a Kubeflow input folder)."""
-    if spec.format == "csv":
-        cells = read_input_cells(input_base, data_format="csv", columns=[spec.label])
+    if spec.format in ("csv", "parquet"):
+        cells = read_input_cells(input_base, data_format=spec.format, columns=[spec.label])
         return SplitSummary.count(
             method=SPLIT_FOLDERS,
             label=spec.label,
@@ -642,6 +801,27 @@ def input_label_splits(input_base: str, *, spec: DataSpec) -> SplitSummary:
             )
             pairs.append((_first_value(features, spec.label), split))
     return SplitSummary.count(method=HASH_BUCKETS, label=spec.label, pairs=pairs)
+
+
+def _parquet_cells(path: str, name: str, columns: list[str]) -> list[tuple[str, dict[str, str]]]:
+    """("train/data.parquet row 7", column -> cell text) for each row of a Parquet file; a
+    column the file lacks is "" throughout."""
+    import pyarrow.parquet as pq
+    import tensorflow as tf
+
+    from fullthrottle.core.parquet import cell_text
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        table = pq.read_table(io.BytesIO(f.read()))
+    present = [c for c in columns if c in table.column_names]
+    data = table.select(present).to_pydict()
+    return [
+        (
+            f"{name} row {number}",
+            {c: cell_text(data[c][number - 1]) if c in data else "" for c in columns},
+        )
+        for number in range(1, table.num_rows + 1)
+    ]
 
 
 def _first_value(features: object, column: str) -> str:

@@ -1,0 +1,177 @@
+"""The Arrow ExampleGen (components/arrow_example_gen.py) writes the examples TFX's stock
+CsvExampleGen writes for the same CSV splits: both components run on real Beam in one pipeline,
+on the staged bundled penguins data and on a CSV of awkward cells, and their examples are
+compared split by split."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import tensorflow as tf
+
+from components.arrow_example_gen import (
+    FLOAT,
+    INT,
+    STRING,
+    UNKNOWN,
+    InputError,
+    encode_parquet_file,
+    example_gen,
+    infer_csv_kinds,
+)
+from fullthrottle.core.config import load_config
+from fullthrottle.core.splits import SPLITS
+from fullthrottle.core.staging import prepare_data
+
+# Every kind of cell the stock inference and conversion treat specially: missing cells in each
+# type, a column with no value at all, an int column with padded and signed cells, an integer
+# beyond int64 (a STRING column), exponents, nan and inf, a quoted comma and a quoted line
+# break, non-ASCII text.
+AWKWARD_HEADER = "i,f,s,empty,big,padded,mixed\n"
+AWKWARD_ROWS = [
+    "1,1.5,plain,,1,3,1\n",
+    ",,,,99999999999999999999, 4 ,2.5\n",
+    '-7,1e5,"a, b",,2,+5,x\n',
+    '0,nan,"two\nlines",,3,6,\n',
+    "42,-inf,Zürich,,4,7,1e-3\n",
+    "5,0.1,,,5,8,3\n",
+]
+
+
+def _input_config():
+    from tfx import v1 as tfx
+
+    return tfx.proto.Input(
+        splits=[tfx.proto.Input.Split(name=name, pattern=f"{name}/*") for name in SPLITS]
+    )
+
+
+def _examples(pipeline_root: str, component: str, split: str) -> list[bytes]:
+    files = glob.glob(
+        os.path.join(pipeline_root, component, "examples", "*", f"Split-{split}", "*")
+    )
+    assert files, f"{component} wrote no {split} examples"
+    return [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+
+
+def _canonical(records: list[bytes]) -> list[bytes]:
+    """Each example with its features in key order (the one thing protobuf may write in another
+    order: map entries), sorted; every value byte is compared."""
+    return sorted(
+        tf.train.Example.FromString(r).SerializeToString(deterministic=True) for r in records
+    )
+
+
+def _has_empty_feature(record: bytes) -> bool:
+    features = tf.train.Example.FromString(record).features.feature.values()
+    return any(not getattr(f, f.WhichOneof("kind")).value for f in features if f.WhichOneof("kind"))
+
+
+@pytest.fixture(scope="module")
+def both_example_gens(tmp_path_factory):
+    """Stock CsvExampleGen and the Arrow ExampleGen, each on the staged penguins splits and on
+    the awkward CSV, in one pipeline on Beam."""
+    from tfx import v1 as tfx
+
+    root = tmp_path_factory.mktemp("example_gens")
+    config = load_config(overrides=[f"output_dir={root / 'out'}"])
+    penguins = prepare_data(config).input_base
+    awkward = root / "awkward"
+    for split in SPLITS:
+        (awkward / split).mkdir(parents=True)
+        # train gets every row, eval the first three: types are inferred per split.
+        rows = AWKWARD_ROWS if split == "train" else AWKWARD_ROWS[:3]
+        (awkward / split / "data.csv").write_text(AWKWARD_HEADER + "".join(rows), encoding="utf-8")
+    components = []
+    for name, base in (("penguins", penguins), ("awkward", str(awkward))):
+        components.append(
+            tfx.components.CsvExampleGen(input_base=base, input_config=_input_config()).with_id(
+                f"Stock_{name}"
+            )
+        )
+        components.append(
+            example_gen(input_base=base, input_config=_input_config()).with_id(f"Arrow_{name}")
+        )
+    pipeline_root = str(root / "pipeline")
+    tfx.orchestration.LocalDagRunner().run(
+        tfx.dsl.Pipeline(
+            pipeline_name="arrow-vs-stock",
+            pipeline_root=pipeline_root,
+            components=components,
+            enable_cache=False,
+            metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
+                str(root / "metadata.sqlite")
+            ),
+        )
+    )
+    return pipeline_root, config
+
+
+@pytest.mark.parametrize("data", ["penguins", "awkward"])
+@pytest.mark.parametrize("split", SPLITS)
+def test_examples_are_the_stock_components_examples(both_example_gens, data, split):
+    pipeline_root, _ = both_example_gens
+    stock = _examples(pipeline_root, f"Stock_{data}", split)
+    ours = _examples(pipeline_root, f"Arrow_{data}", split)
+    assert len(ours) == len(stock)
+    assert _canonical(ours) == _canonical(stock)
+    if data == "penguins":
+        # The staged penguins data has missing cells (in both splits): empty value lists.
+        assert any(_has_empty_feature(r) for r in stock)
+    # The raw bytes differ from the stock component's at most in the order of the features.
+    assert sorted(map(len, ours)) == sorted(map(len, stock))
+
+
+def test_types_are_inferred_over_every_cell_as_stock(both_example_gens, tmp_path):
+    pipeline_root, _ = both_example_gens
+    train = os.path.join(os.path.dirname(pipeline_root), "awkward", "train", "data.csv")
+    names = AWKWARD_HEADER.strip().split(",")
+    kinds = dict(zip(names, infer_csv_kinds([train], names), strict=True))
+    assert kinds == {
+        "i": INT,
+        "f": FLOAT,
+        "s": STRING,
+        "empty": UNKNOWN,
+        "big": STRING,
+        "padded": INT,
+        "mixed": STRING,
+    }
+    example = tf.train.Example.FromString(
+        next(r for r in _examples(pipeline_root, "Arrow_awkward", "train") if b"lines" in r)
+    )
+    features = example.features.feature
+    assert features["s"].bytes_list.value == [b"two\nlines"]
+    assert features["empty"].WhichOneof("kind") is None
+    assert features["mixed"].WhichOneof("kind") == "bytes_list"
+    assert not features["mixed"].bytes_list.value
+
+
+def test_parquet_columns_keep_their_types_and_nulls_are_missing(tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "part.parquet"
+    pd.DataFrame(
+        {
+            "n": pd.array([1, None, 3], dtype="Int64"),
+            "x": [0.5, None, 2.25],
+            "s": ["a", None, "c"],
+        }
+    ).to_parquet(path)
+    examples = [tf.train.Example.FromString(r) for r in encode_parquet_file(str(path))]
+    rows = [
+        (f["n"].int64_list.value[:], f["x"].float_list.value[:], f["s"].bytes_list.value[:])
+        for f in (e.features.feature for e in examples)
+    ]
+    assert rows == [([1], [0.5], [b"a"]), ([], [], []), ([3], [2.25], [b"c"])]
+
+
+def test_a_parquet_column_of_another_type_is_refused_with_its_name(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "nested.parquet"
+    pq.write_table(pa.table({"ok": [1], "tags": [["a", "b"]]}), path)
+    with pytest.raises(InputError, match="column 'tags'"):
+        list(encode_parquet_file(str(path)))

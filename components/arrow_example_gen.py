@@ -46,6 +46,8 @@ from tfx.types import standard_component_specs
 BATCH_ROWS = 65_536
 CSV_BLOCK_BYTES = 8 << 20
 PARQUET_SUFFIX = ".parquet"
+# The node's id in the pipeline (its output folder, its Kubeflow step).
+EXAMPLE_GEN_ID = "ArrowExampleGen"
 
 # Column kinds, ordered as the stock inference widens them (tfx_bsl.coders.csv_decoder).
 UNKNOWN, INT, FLOAT, STRING = 0, 1, 2, 3
@@ -347,4 +349,4 @@ def example_gen(*, input_base: str, input_config: Any) -> Any:
         input_base=input_base,
         input_config=input_config,
         custom_executor_spec=executor_spec.BeamExecutorSpec(Executor),
-    )
+    ).with_id(EXAMPLE_GEN_ID)

@@ -175,3 +175,38 @@ def test_a_parquet_column_of_another_type_is_refused_with_its_name(tmp_path):
     pq.write_table(pa.table({"ok": [1], "tags": [["a", "b"]]}), path)
     with pytest.raises(InputError, match="column 'tags'"):
         list(encode_parquet_file(str(path)))
+
+
+def _run_example_gen(input_base: str, root) -> list[str]:
+    """Runs the pipeline's ExampleGen node alone, cache on; its executions' states so far."""
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+    from tfx import v1 as tfx
+
+    connection = tfx.orchestration.metadata.sqlite_metadata_connection_config(
+        str(root / "metadata.sqlite")
+    )
+    tfx.orchestration.LocalDagRunner().run(
+        tfx.dsl.Pipeline(
+            pipeline_name="arrow-cache",
+            pipeline_root=str(root / "pipeline"),
+            components=[example_gen(input_base=input_base, input_config=_input_config())],
+            enable_cache=True,
+            metadata_connection_config=connection,
+        )
+    )
+    store = metadata_store.MetadataStore(connection)
+    names = metadata_store_pb2.Execution.State.Name
+    return [names(e.last_known_state) for e in sorted(store.get_executions(), key=lambda e: e.id)]
+
+
+def test_unchanged_input_is_cached_and_a_changed_file_runs_again(tmp_path):
+    base = tmp_path / "input"
+    for split in SPLITS:
+        (base / split).mkdir(parents=True)
+        (base / split / "data.csv").write_text(AWKWARD_HEADER + "".join(AWKWARD_ROWS))
+    assert _run_example_gen(str(base), tmp_path) == ["COMPLETE"]
+    assert _run_example_gen(str(base), tmp_path) == ["COMPLETE", "CACHED"]
+    with open(base / "eval" / "data.csv", "a", encoding="utf-8") as f:
+        f.write("9,9.5,new,,9,9,9\n")
+    assert _run_example_gen(str(base), tmp_path) == ["COMPLETE", "CACHED", "COMPLETE"]

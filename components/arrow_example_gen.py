@@ -46,6 +46,8 @@ from tfx.types import standard_component_specs
 BATCH_ROWS = 65_536
 CSV_BLOCK_BYTES = 8 << 20
 PARQUET_SUFFIX = ".parquet"
+# Input bytes per output shard: a shard's examples are held in memory while it is shuffled.
+SHARD_INPUT_BYTES = 64 << 20
 # The node's id in the pipeline (its output folder, its Kubeflow step).
 EXAMPLE_GEN_ID = "ArrowExampleGen"
 
@@ -265,18 +267,18 @@ def _encoder() -> Any:
     return example_coder.RecordBatchToExamplesEncoder()
 
 
-def encode_csv_file(path: str, names: list[str], kinds: list[int]) -> Iterator[bytes]:
-    """The serialized tf.Examples of one CSV file, batch by batch."""
+def encode_csv_file(path: str, names: list[str], kinds: list[int]) -> Iterator[list[bytes]]:
+    """The serialized tf.Examples of one CSV file, a list per record batch."""
     encoder = _encoder()
     for batch in _csv_batches(path, names):
         arrays = [
             _csv_feature(column, kind) for column, kind in zip(batch.columns, kinds, strict=True)
         ]
-        yield from encoder.encode(pa.RecordBatch.from_arrays(arrays, names=names))
+        yield encoder.encode(pa.RecordBatch.from_arrays(arrays, names=names))
 
 
-def encode_parquet_file(path: str) -> Iterator[bytes]:
-    """The serialized tf.Examples of one Parquet file, batch by batch."""
+def encode_parquet_file(path: str) -> Iterator[list[bytes]]:
+    """The serialized tf.Examples of one Parquet file, a list per record batch."""
     import pyarrow.parquet as pq
 
     encoder = _encoder()
@@ -290,7 +292,7 @@ def encode_parquet_file(path: str) -> Iterator[bytes]:
                 _parquet_feature(column, kind)
                 for column, kind in zip(batch.columns, kinds, strict=True)
             ]
-            yield from encoder.encode(pa.RecordBatch.from_arrays(arrays, names=names))
+            yield encoder.encode(pa.RecordBatch.from_arrays(arrays, names=names))
 
 
 def _split_files(pattern: str) -> tuple[list[str], bool]:
@@ -309,11 +311,11 @@ def _split_files(pattern: str) -> tuple[list[str], bool]:
 
 @beam.ptransform_fn
 @beam.typehints.with_input_types(beam.Pipeline)
-@beam.typehints.with_output_types(bytes)
-def _ArrowToExample(  # noqa: N802 - TFX's naming for these transforms
+@beam.typehints.with_output_types(list[bytes])
+def _ArrowBatches(  # noqa: N802 - TFX's naming for these transforms
     pipeline: beam.Pipeline, exec_properties: dict[str, Any], split_pattern: str
 ) -> beam.pvalue.PCollection:
-    """One split's files as serialized tf.Examples (one Beam element per example)."""
+    """One split's files as lists of serialized tf.Examples, one Beam element per batch."""
     input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
     files, parquet = _split_files(os.path.join(input_base, split_pattern))
     if parquet:
@@ -334,11 +336,127 @@ def _ArrowToExample(  # noqa: N802 - TFX's naming for these transforms
     )
 
 
+@beam.ptransform_fn
+def _ArrowToExample(  # noqa: N802 - TFX's naming for these transforms
+    pipeline: beam.Pipeline, exec_properties: dict[str, Any], split_pattern: str
+) -> beam.pvalue.PCollection:
+    """One example per Beam element (TFX's interface; the executor's own Do writes batches)."""
+    return (
+        pipeline
+        | "Batches" >> _ArrowBatches(exec_properties, split_pattern)
+        | "Examples" >> beam.FlatMap(lambda batch: batch)
+    )
+
+
+def _deal(batch: list[bytes], shards: int) -> Iterator[tuple[int, list[bytes]]]:
+    """A batch dealt to random output shards (a few elements per batch, not one per row)."""
+    if shards == 1:
+        yield 0, batch
+        return
+    keys = np.random.default_rng().integers(0, shards, len(batch))
+    order = np.argsort(keys, kind="stable")
+    start = 0
+    for shard, count in enumerate(np.bincount(keys, minlength=shards).tolist()):
+        if count:
+            yield shard, [batch[i] for i in order[start : start + count].tolist()]
+            start += count
+
+
+class _WriteShard(beam.DoFn):
+    """Writes one output shard: its examples in a random order, as gzipped TFRecords."""
+
+    def __init__(self, split_uri: str, shards: int) -> None:
+        self._split_uri = split_uri
+        self._shards = shards
+
+    def process(self, element: tuple[int, Any]) -> Iterator[str]:
+        import tensorflow as tf
+
+        shard, batches = element
+        records = [record for batch in batches for record in batch]
+        path = os.path.join(self._split_uri, f"data_tfrecord-{shard:05d}-of-{self._shards:05d}.gz")
+        with tf.io.TFRecordWriter(path, options="GZIP") as writer:
+            for index in np.random.default_rng().permutation(len(records)).tolist():
+                writer.write(records[index])
+        yield path
+
+
+def _shard_count(exec_properties: dict[str, Any], split_pattern: str) -> int:
+    """Output shards of a split: one per SHARD_INPUT_BYTES of input, so that the examples one
+    shard holds while it is shuffled stay bounded."""
+    input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
+    files, _ = _split_files(os.path.join(input_base, split_pattern))
+    total = sum(fileio.stat(path).length for path in files)
+    return max(1, -(-total // SHARD_INPUT_BYTES))
+
+
 class Executor(BaseExampleGenExecutor):
-    """FileBasedExampleGen's executor for CSV and Parquet files, on Arrow record batches."""
+    """FileBasedExampleGen's executor for CSV and Parquet files, on Arrow record batches.
+
+    Its `Do` writes each split as the stock executor does (gzipped TFRecords of tf.Examples,
+    shuffled), with the shuffle done on batches: each batch is dealt to random shards (one Beam
+    element per shard and batch), each shard written in a random order. The stock WriteSplit
+    makes one Beam element per example for its Reshuffle, which cost more than the reading and
+    encoding. Any other output (Parquet payloads, hash-bucket output splits) goes through the
+    stock path, one example per element.
+    """
 
     def GetInputSourceToExamplePTransform(self) -> beam.PTransform:  # noqa: N802 - TFX's API
         return _ArrowToExample
+
+    def Do(  # noqa: N802 - TFX's API
+        self,
+        input_dict: dict[str, list[Any]],
+        output_dict: dict[str, list[Any]],
+        exec_properties: dict[str, Any],
+    ) -> None:
+        from tfx.components.example_gen import utils
+        from tfx.proto import example_gen_pb2
+        from tfx.types import artifact_utils
+        from tfx.utils import proto_utils
+
+        input_config = example_gen_pb2.Input()
+        proto_utils.json_to_proto(
+            exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config
+        )
+        output_config = example_gen_pb2.Output()
+        proto_utils.json_to_proto(
+            exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config
+        )
+        payload = exec_properties.get(standard_component_specs.OUTPUT_DATA_FORMAT_KEY)
+        file_format = exec_properties.get(
+            standard_component_specs.OUTPUT_FILE_FORMAT_KEY, example_gen_pb2.FILE_FORMAT_UNSPECIFIED
+        )
+        if (
+            output_config.split_config.splits
+            or payload not in (None, example_gen_pb2.FORMAT_TF_EXAMPLE)
+            or file_format != example_gen_pb2.FILE_FORMAT_UNSPECIFIED
+        ):
+            super().Do(input_dict, output_dict, exec_properties)
+            return
+        self._log_startup(input_dict, output_dict, exec_properties)
+        examples = output_dict[standard_component_specs.EXAMPLES_KEY]
+        artifact = artifact_utils.get_single_instance(examples)
+        artifact.split_names = artifact_utils.encode_split_names(
+            utils.generate_output_split_names(input_config, output_config)
+        )
+        with self._make_beam_pipeline() as pipeline:
+            for split in input_config.splits:
+                shards = _shard_count(exec_properties, split.pattern)
+                split_uri = artifact_utils.get_split_uri(examples, split.name)
+                fileio.makedirs(split_uri)
+                _ = (
+                    pipeline
+                    | f"Read[{split.name}]" >> _ArrowBatches(exec_properties, split.pattern)
+                    | f"Deal[{split.name}]" >> beam.FlatMap(_deal, shards=shards)
+                    | f"Group[{split.name}]" >> beam.GroupByKey()
+                    | f"Write[{split.name}]" >> beam.ParDo(_WriteShard(split_uri, shards))
+                )
+        if payload is not None:
+            from tfx.components.util import examples_utils
+
+            for item in examples:
+                examples_utils.set_payload_format(item, payload)
 
 
 def example_gen(*, input_base: str, input_config: Any) -> Any:

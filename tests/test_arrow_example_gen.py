@@ -159,7 +159,9 @@ def test_parquet_columns_keep_their_types_and_nulls_are_missing(tmp_path):
             "s": ["a", None, "c"],
         }
     ).to_parquet(path)
-    examples = [tf.train.Example.FromString(r) for r in encode_parquet_file(str(path))]
+    examples = [
+        tf.train.Example.FromString(r) for batch in encode_parquet_file(str(path)) for r in batch
+    ]
     rows = [
         (f["n"].int64_list.value[:], f["x"].float_list.value[:], f["s"].bytes_list.value[:])
         for f in (e.features.feature for e in examples)

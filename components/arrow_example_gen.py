@@ -390,6 +390,31 @@ def _shard_count(exec_properties: dict[str, Any], split_pattern: str) -> int:
     return max(1, -(-total // SHARD_INPUT_BYTES))
 
 
+def _output_config(exec_properties: dict[str, Any]) -> Any:
+    from tfx.proto import example_gen_pb2
+    from tfx.utils import proto_utils
+
+    value = exec_properties.get(standard_component_specs.OUTPUT_CONFIG_KEY)
+    if value is None or isinstance(value, example_gen_pb2.Output):
+        return value or example_gen_pb2.Output()
+    return proto_utils.json_to_proto(value, example_gen_pb2.Output())
+
+
+def writes_batches(exec_properties: dict[str, Any]) -> bool:
+    """Whether the executor writes the output itself (gzipped TFRecords of tf.Examples, the
+    input's splits): FileBasedExampleGen's defaults. Else the stock path writes it."""
+    from tfx.proto import example_gen_pb2
+
+    payload = exec_properties.get(standard_component_specs.OUTPUT_DATA_FORMAT_KEY)
+    file_format = exec_properties.get(standard_component_specs.OUTPUT_FILE_FORMAT_KEY)
+    return (
+        not _output_config(exec_properties).split_config.splits
+        and payload in (None, example_gen_pb2.FORMAT_TF_EXAMPLE)
+        and file_format
+        in (None, example_gen_pb2.FILE_FORMAT_UNSPECIFIED, example_gen_pb2.FORMAT_TFRECORDS_GZIP)
+    )
+
+
 class Executor(BaseExampleGenExecutor):
     """FileBasedExampleGen's executor for CSV and Parquet files, on Arrow record batches.
 
@@ -419,21 +444,12 @@ class Executor(BaseExampleGenExecutor):
         proto_utils.json_to_proto(
             exec_properties[standard_component_specs.INPUT_CONFIG_KEY], input_config
         )
-        output_config = example_gen_pb2.Output()
-        proto_utils.json_to_proto(
-            exec_properties[standard_component_specs.OUTPUT_CONFIG_KEY], output_config
-        )
-        payload = exec_properties.get(standard_component_specs.OUTPUT_DATA_FORMAT_KEY)
-        file_format = exec_properties.get(
-            standard_component_specs.OUTPUT_FILE_FORMAT_KEY, example_gen_pb2.FILE_FORMAT_UNSPECIFIED
-        )
-        if (
-            output_config.split_config.splits
-            or payload not in (None, example_gen_pb2.FORMAT_TF_EXAMPLE)
-            or file_format != example_gen_pb2.FILE_FORMAT_UNSPECIFIED
-        ):
+        if not writes_batches(exec_properties):
             super().Do(input_dict, output_dict, exec_properties)
             return
+        output_config = _output_config(exec_properties)
+        payload = exec_properties.get(standard_component_specs.OUTPUT_DATA_FORMAT_KEY)
+        file_format = exec_properties.get(standard_component_specs.OUTPUT_FILE_FORMAT_KEY)
         self._log_startup(input_dict, output_dict, exec_properties)
         examples = output_dict[standard_component_specs.EXAMPLES_KEY]
         artifact = artifact_utils.get_single_instance(examples)
@@ -452,11 +468,15 @@ class Executor(BaseExampleGenExecutor):
                     | f"Group[{split.name}]" >> beam.GroupByKey()
                     | f"Write[{split.name}]" >> beam.ParDo(_WriteShard(split_uri, shards))
                 )
-        if payload is not None:
-            from tfx.components.util import examples_utils
+        # The artifact's properties as the stock executor sets them.
+        from tfx.components.example_gen import write_split
+        from tfx.components.util import examples_utils
 
-            for item in examples:
+        for item in examples:
+            if payload is not None:
                 examples_utils.set_payload_format(item, payload)
+            if file_format:
+                examples_utils.set_file_format(item, write_split.to_file_format_str(file_format))
 
 
 def example_gen(*, input_base: str, input_config: Any) -> Any:

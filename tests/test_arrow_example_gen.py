@@ -20,6 +20,7 @@ from components.arrow_example_gen import (
     encode_parquet_file,
     example_gen,
     infer_csv_kinds,
+    writes_batches,
 )
 from fullthrottle.core.config import load_config
 from fullthrottle.core.splits import SPLITS
@@ -107,6 +108,13 @@ def both_example_gens(tmp_path_factory):
         )
     )
     return pipeline_root, config
+
+
+def test_the_pipelines_node_takes_the_batch_writing_path():
+    # FileBasedExampleGen's defaults (TFRecords of tf.Examples, gzipped) are what the executor
+    # writes itself; anything else would go through the stock per-example path.
+    node = example_gen(input_base="in", input_config=_input_config())
+    assert writes_batches(node.exec_properties)
 
 
 @pytest.mark.parametrize("data", ["penguins", "awkward"])
@@ -212,3 +220,12 @@ def test_unchanged_input_is_cached_and_a_changed_file_runs_again(tmp_path):
     with open(base / "eval" / "data.csv", "a", encoding="utf-8") as f:
         f.write("9,9.5,new,,9,9,9\n")
     assert _run_example_gen(str(base), tmp_path) == ["COMPLETE", "CACHED", "COMPLETE"]
+
+
+def test_batches_dealt_to_shards_keep_every_example_once():
+    from components.arrow_example_gen import _deal
+
+    batch = [f"example {i}".encode() for i in range(1000)]
+    dealt = list(_deal(batch, shards=3))
+    assert {shard for shard, _ in dealt} == {0, 1, 2}
+    assert sorted(r for _, part in dealt for r in part) == sorted(batch)

@@ -57,7 +57,6 @@ def build_local_pipeline(
     input_base: str,
     extra_beam_args: Sequence[str] = (),
     trainer_tracking: Mapping[str, Any] | None = None,
-    staged_rows: int | None = None,
 ) -> tfx.dsl.Pipeline:
     config.mlmd_path.parent.mkdir(parents=True, exist_ok=True)
     config.serving_dir.mkdir(parents=True, exist_ok=True)
@@ -71,7 +70,6 @@ def build_local_pipeline(
         ),
         beam_pipeline_args=[*beam_pipeline_args(config.beam), *extra_beam_args],
         trainer_tracking=trainer_tracking,
-        staged_rows=staged_rows,
     )
 
 
@@ -106,14 +104,10 @@ def configure_devices(training: TrainingConfig) -> list[TensorFlowGpu]:
 
 
 def run_local(
-    config: Config,
-    *,
-    input_base: str,
-    trainer_tracking: Mapping[str, Any] | None = None,
-    staged_rows: int | None = None,
+    config: Config, *, input_base: str, trainer_tracking: Mapping[str, Any] | None = None
 ) -> None:
     """Runs the whole pipeline; component errors propagate unchanged. `trainer_tracking`: the
-    Trainer's MLflow link, `staged_rows`: the rows staging counted (see `create_pipeline`)."""
+    Trainer's MLflow link (see `create_pipeline`)."""
     gpus = configure_devices(config.training)
     print(
         "fullthrottle: "
@@ -121,10 +115,5 @@ def run_local(
         file=sys.stderr,
     )
     run_pipeline(
-        build_local_pipeline(
-            config,
-            input_base=input_base,
-            trainer_tracking=trainer_tracking,
-            staged_rows=staged_rows,
-        )
+        build_local_pipeline(config, input_base=input_base, trainer_tracking=trainer_tracking)
     )

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorflow_data_validation as tfdv
 import tensorflow_model_analysis as tfma
 from tfx import v1 as tfx
 
@@ -48,11 +47,6 @@ TRANSFORM_CODE = ("trainer_module/transform.py", "fullthrottle/core/features.py"
 # TrainingConfig fields that reach run_fn as fn_args.train_steps / eval_steps.
 STEP_COUNTS = ("train_steps", "eval_steps")
 TRAINER_CODE = ("trainer_module", "serving/signatures.py", "fullthrottle/core/features.py")
-# StatisticsGen reads every example of inputs up to STATS_FULL_ROWS staged rows; above, TFDV
-# computes the statistics on a random sample of about STATS_SAMPLE_ROWS rows (its sample_rate),
-# which the run summary states. The DataGate's cell checks still read every cell.
-STATS_FULL_ROWS = 500_000
-STATS_SAMPLE_ROWS = 100_000
 # The node that finds the latest blessed model for the Evaluator's comparison.
 BASELINE_RESOLVER = "latest_blessed_model_resolver"
 
@@ -68,13 +62,6 @@ def code_fingerprint(paths: Sequence[str] = TRAINER_CODE) -> str:
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
-
-
-def statistics_sample_rate(rows: int | None) -> float | None:
-    """TFDV's sample_rate for `rows` staged rows; None: statistics over every example."""
-    if rows is None or rows <= STATS_FULL_ROWS:
-        return None
-    return STATS_SAMPLE_ROWS / rows
 
 
 def _runtime_path(path: str, project_root: str | None) -> str:
@@ -182,7 +169,6 @@ def create_pipeline(
     project_root: str | None = None,
     trainer_tracking: Mapping[str, Any] | None = None,
     resolve_baseline: bool = True,
-    staged_rows: int | None = None,
 ) -> tfx.dsl.Pipeline:
     """Builds the whole pipeline from a validated config; reads nothing, runs nothing.
 
@@ -198,9 +184,6 @@ def create_pipeline(
     `project_root` is where this project's files are when the pipeline runs, when that is not
     here (a container image's copy, for Kubeflow): paths of files it ships, such as the curated
     schema, are rewritten under it.
-
-    `staged_rows`: the rows staging counted (None: unknown); above STATS_FULL_ROWS the
-    statistics are computed on a sample (`statistics_sample_rate`).
 
     `trainer_factory` takes `tfx.components.Trainer`'s arguments and returns the Trainer node
     (same inputs and outputs), so a runner can swap how training executes, not the wiring.
@@ -230,11 +213,7 @@ def create_pipeline(
             ),
         )
 
-    sample_rate = statistics_sample_rate(staged_rows)
-    statistics_gen = tfx.components.StatisticsGen(
-        examples=example_gen.outputs["examples"],
-        stats_options=tfdv.StatsOptions(sample_rate=sample_rate) if sample_rate else None,
-    )
+    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
     schema_path = schema_path_for(spec)
     if schema_path:
         # Not ImportSchemaGen: its cache key is the path only, so an edited schema went unseen.

@@ -196,36 +196,3 @@ def test_the_bundled_diabetes_config_stages_scikit_learns_data_for_regression(tm
     # The label as written by scikit-learn, a decimal throughout (ExampleGen reads FLOAT).
     labels = [float(line.rsplit(",", 1)[1]) for line in _staged_rows(config)]
     assert sorted(labels) == sorted(frame["target"].tolist())
-
-
-def test_big_inputs_get_statistics_on_a_sample_the_summary_states(tmp_path):
-    import json
-
-    from tfx.types.standard_component_specs import STATS_OPTIONS_JSON_KEY
-
-    from fullthrottle.commands.run import statistics_sample
-    from pipelines.pipeline import STATS_FULL_ROWS, STATS_SAMPLE_ROWS, create_pipeline
-
-    config = load_config(overrides=[f"output_dir={tmp_path}"])
-
-    def stats_options(rows):
-        pipeline = create_pipeline(
-            config,
-            input_base=str(tmp_path),
-            pipeline_root=str(tmp_path / "root"),
-            serving_dir=str(tmp_path / "serving"),
-            staged_rows=rows,
-        )
-        node = next(c for c in pipeline.components if c.id == "StatisticsGen")
-        return node.exec_properties.get(STATS_OPTIONS_JSON_KEY)
-
-    # Up to STATS_FULL_ROWS rows (and unknown counts): every example.
-    assert stats_options(STATS_FULL_ROWS) is None and stats_options(None) is None
-    assert statistics_sample(STATS_FULL_ROWS) is None
-    rows = 2_000_000
-    assert json.loads(stats_options(rows))["_sample_rate"] == STATS_SAMPLE_ROWS / rows
-    assert statistics_sample(rows) == {
-        "rows": rows,
-        "sample_rate": STATS_SAMPLE_ROWS / rows,
-        "sample_rows": STATS_SAMPLE_ROWS,
-    }

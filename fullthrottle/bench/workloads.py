@@ -214,7 +214,7 @@ def run_transform_prefix(config: Config) -> dict[str, Any]:
     staging_started = time.perf_counter()
     prepared = prepare_data(config)
     staging_seconds = time.perf_counter() - staging_started
-    full = build_local_pipeline(config, input_base=prepared.input_base, staged_rows=prepared.rows)
+    full = build_local_pipeline(config, input_base=prepared.input_base)
     # Transform and what it depends on, in the pipeline's order (not the baseline resolver,
     # which only the Evaluator reads).
     needed = [next(c for c in full.components if c.id == "Transform")]

@@ -124,7 +124,6 @@ def _run_locked(config: Config, *, command: str) -> int:
                 input_base=prepared.input_base,
                 # The Trainer's link to the run travels in its custom_config.
                 trainer_tracking=tracker.trainer_link().to_config() if tracker else None,
-                staged_rows=prepared.rows,
             )
     except KeyboardInterrupt as exc:  # SIGINT or SIGTERM (errors.Interrupted), anywhere in it
         interrupted = exc
@@ -136,9 +135,6 @@ def _run_locked(config: Config, *, command: str) -> int:
     )
     if prepared.split is not None:
         summary["split"] = prepared.split.to_dict()
-    sampled = statistics_sample(prepared.rows)
-    if sampled:
-        summary["statistics_sample"] = sampled
     summary["tracking"] = finish_tracking(tracker, summary, outcome, error=interrupted or error)
     path = write_last_run(config, summary)
     if interrupted is not None:
@@ -387,13 +383,6 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
 
             lines.append("  step-time advisor:")
             lines.extend(format_advice(training["advisor"], indent="    "))
-    sampled = summary.get("statistics_sample")
-    if sampled:
-        lines.append(
-            f"  statistics: TFDV on a random sample of ~{sampled['sample_rows']:,} of "
-            f"{sampled['rows']:,} rows (sample_rate {sampled['sample_rate']:.4g}); the data "
-            "gate's cell checks read every row"
-        )
     split = summary.get("split") or {}
     if split:
         lines.append(
@@ -415,14 +404,3 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
         lines.append("  NOT blessed by the Evaluator: nothing was pushed")
     lines.append(f"  details: {path}")
     print("\n".join(lines))
-
-
-def statistics_sample(rows: int | None) -> dict[str, Any] | None:
-    """What StatisticsGen sampled (`pipelines.pipeline.statistics_sample_rate`), for the run
-    summary; None when it read every example."""
-    from pipelines.pipeline import statistics_sample_rate
-
-    rate = statistics_sample_rate(rows)
-    if rate is None or rows is None:
-        return None
-    return {"rows": rows, "sample_rate": rate, "sample_rows": round(rows * rate)}

@@ -14,12 +14,14 @@ Only the order of the features inside a serialized example can differ from the s
 component's: protobuf writes a map's entries in hash order, which the stock component's Python
 protobuf draws anew in every process, so its own bytes differ between two runs too. Parsed,
 the examples are the same (tests/test_arrow_example_gen.py compares them with the stock
-component's on Beam).
+component's on Beam). Like the stock component's, the examples are written in a random order
+(random output shards, each permuted; seeded by the file's path, so the same input gives the
+same examples in the same order).
 
 Parquet files (`*.parquet`) are read with their own column types: integers and booleans as INT,
 floating point as FLOAT, strings and binary as STRING, nulls as missing values; any other type
-is refused with the column named. Memory is bounded by the batch size: files are streamed, never
-read whole.
+is refused with the column named. Memory is bounded: files are streamed in record batches, never read
+whole, and a worker holds one output shard's examples at a time.
 
 Used through TFX's `FileBasedExampleGen(custom_executor_spec=...)` (`example_gen`).
 """
@@ -27,9 +29,11 @@ Used through TFX's `FileBasedExampleGen(custom_executor_spec=...)` (`example_gen
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -46,7 +50,8 @@ from tfx.types import standard_component_specs
 BATCH_ROWS = 65_536
 CSV_BLOCK_BYTES = 8 << 20
 PARQUET_SUFFIX = ".parquet"
-# Input bytes per output shard: a shard's examples are held in memory while it is shuffled.
+# Input bytes per output shard: a shard's examples are held in memory while it is permuted
+# (each shard reads its input file once more: a file of n * 64 MB is read n + 1 times).
 SHARD_INPUT_BYTES = 64 << 20
 # The node's id in the pipeline (its output folder, its Kubeflow step).
 EXAMPLE_GEN_ID = "ArrowExampleGen"
@@ -267,21 +272,19 @@ def _encoder() -> Any:
     return example_coder.RecordBatchToExamplesEncoder()
 
 
-def encode_csv_file(path: str, names: list[str], kinds: list[int]) -> Iterator[list[bytes]]:
-    """The serialized tf.Examples of one CSV file, a list per record batch."""
-    encoder = _encoder()
+def csv_feature_batches(path: str, names: list[str], kinds: list[int]) -> Iterator[pa.RecordBatch]:
+    """One CSV file as record batches of the list columns the encoder takes."""
     for batch in _csv_batches(path, names):
         arrays = [
             _csv_feature(column, kind) for column, kind in zip(batch.columns, kinds, strict=True)
         ]
-        yield encoder.encode(pa.RecordBatch.from_arrays(arrays, names=names))
+        yield pa.RecordBatch.from_arrays(arrays, names=names)
 
 
-def encode_parquet_file(path: str) -> Iterator[list[bytes]]:
-    """The serialized tf.Examples of one Parquet file, a list per record batch."""
+def parquet_feature_batches(path: str) -> Iterator[pa.RecordBatch]:
+    """One Parquet file as record batches of the list columns the encoder takes."""
     import pyarrow.parquet as pq
 
-    encoder = _encoder()
     with _open_binary(path) as f:
         parquet = pq.ParquetFile(f)
         fields = list(parquet.schema_arrow)
@@ -292,7 +295,21 @@ def encode_parquet_file(path: str) -> Iterator[list[bytes]]:
                 _parquet_feature(column, kind)
                 for column, kind in zip(batch.columns, kinds, strict=True)
             ]
-            yield encoder.encode(pa.RecordBatch.from_arrays(arrays, names=names))
+            yield pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def encode_csv_file(path: str, names: list[str], kinds: list[int]) -> Iterator[list[bytes]]:
+    """The serialized tf.Examples of one CSV file, a list per record batch."""
+    encoder = _encoder()
+    for batch in csv_feature_batches(path, names, kinds):
+        yield encoder.encode(batch)
+
+
+def encode_parquet_file(path: str) -> Iterator[list[bytes]]:
+    """The serialized tf.Examples of one Parquet file, a list per record batch."""
+    encoder = _encoder()
+    for batch in parquet_feature_batches(path):
+        yield encoder.encode(batch)
 
 
 def _split_files(pattern: str) -> tuple[list[str], bool]:
@@ -309,85 +326,92 @@ def _split_files(pattern: str) -> tuple[list[str], bool]:
     return files, all(parquet)
 
 
-@beam.ptransform_fn
-@beam.typehints.with_input_types(beam.Pipeline)
-@beam.typehints.with_output_types(list[bytes])
-def _ArrowBatches(  # noqa: N802 - TFX's naming for these transforms
-    pipeline: beam.Pipeline, exec_properties: dict[str, Any], split_pattern: str
-) -> beam.pvalue.PCollection:
-    """One split's files as lists of serialized tf.Examples, one Beam element per batch."""
+FeatureBatches = Callable[[str], Iterator[pa.RecordBatch]]
+
+
+def _split_reader(exec_properties: dict[str, Any], split_pattern: str) -> tuple[list[str], Any]:
+    """The split's files and the function reading one of them as feature batches (for CSV,
+    with the column types inferred over every file of the split, as the stock component)."""
     input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
     files, parquet = _split_files(os.path.join(input_base, split_pattern))
     if parquet:
-        return (
-            pipeline
-            | "CreateFiles" >> beam.Create(files)
-            | "ReadParquet" >> beam.FlatMap(encode_parquet_file)
-        )
+        return files, parquet_feature_batches
     names = _csv_header(files[0])
     for path in files[1:]:
         if _csv_header(path) != names:
             raise RuntimeError(f"Files in same split {split_pattern} have different header.")
-    kinds = infer_csv_kinds(files, names)
-    return (
-        pipeline
-        | "CreateFiles" >> beam.Create(files)
-        | "ReadCsv" >> beam.FlatMap(encode_csv_file, names=names, kinds=kinds)
+    return files, functools.partial(
+        csv_feature_batches, names=names, kinds=infer_csv_kinds(files, names)
     )
 
 
 @beam.ptransform_fn
+@beam.typehints.with_input_types(beam.Pipeline)
+@beam.typehints.with_output_types(bytes)
 def _ArrowToExample(  # noqa: N802 - TFX's naming for these transforms
     pipeline: beam.Pipeline, exec_properties: dict[str, Any], split_pattern: str
 ) -> beam.pvalue.PCollection:
-    """One example per Beam element (TFX's interface; the executor's own Do writes batches)."""
-    return (
-        pipeline
-        | "Batches" >> _ArrowBatches(exec_properties, split_pattern)
-        | "Examples" >> beam.FlatMap(lambda batch: batch)
-    )
+    """One split's examples, one Beam element each: TFX's interface, for the output formats
+    the executor's own `Do` does not write."""
+    files, read = _split_reader(exec_properties, split_pattern)
+
+    def examples(path: str) -> Iterator[bytes]:
+        encoder = _encoder()
+        for batch in read(path):
+            yield from encoder.encode(batch)
+
+    return pipeline | "CreateFiles" >> beam.Create(files) | "Read" >> beam.FlatMap(examples)
 
 
-def _deal(batch: list[bytes], shards: int) -> Iterator[tuple[int, list[bytes]]]:
-    """A batch dealt to random output shards (a few elements per batch, not one per row)."""
-    if shards == 1:
-        yield 0, batch
-        return
-    keys = np.random.default_rng().integers(0, shards, len(batch))
-    order = np.argsort(keys, kind="stable")
-    start = 0
-    for shard, count in enumerate(np.bincount(keys, minlength=shards).tolist()):
-        if count:
-            yield shard, [batch[i] for i in order[start : start + count].tolist()]
-            start += count
+def _seed(path: str) -> int:
+    return zlib.crc32(path.encode("utf-8"))
+
+
+def shard_examples(path: str, read: FeatureBatches, *, shard: int, shards: int) -> list[bytes]:
+    """Output shard `shard` of `shards` of one input file, in a random order: each row goes to
+    a random shard (drawn per batch from a seed of the path, so every shard's pass over the file
+    draws the same), each shard is permuted whole. Together the shards hold every row once; one
+    shard's examples are in memory at a time."""
+    encoder = _encoder()
+    records: list[bytes] = []
+    for index, batch in enumerate(read(path)):
+        if shards > 1:
+            keys = np.random.default_rng([_seed(path), index]).integers(0, shards, batch.num_rows)
+            batch = batch.filter(pa.array(keys == shard))
+        records.extend(encoder.encode(batch))
+    order = np.random.default_rng([_seed(path), shards, shard]).permutation(len(records))
+    return [records[i] for i in order.tolist()]
 
 
 class _WriteShard(beam.DoFn):
-    """Writes one output shard: its examples in a random order, as gzipped TFRecords."""
+    """Writes one output shard of one input file as gzipped TFRecords."""
 
-    def __init__(self, split_uri: str, shards: int) -> None:
+    def __init__(self, split_uri: str, read: FeatureBatches, total: int) -> None:
         self._split_uri = split_uri
-        self._shards = shards
+        self._read = read
+        self._total = total
 
-    def process(self, element: tuple[int, Any]) -> Iterator[str]:
+    def process(self, element: tuple[int, str, int, int]) -> Iterator[str]:
         import tensorflow as tf
 
-        shard, batches = element
-        records = [record for batch in batches for record in batch]
-        path = os.path.join(self._split_uri, f"data_tfrecord-{shard:05d}-of-{self._shards:05d}.gz")
-        with tf.io.TFRecordWriter(path, options="GZIP") as writer:
-            for index in np.random.default_rng().permutation(len(records)).tolist():
-                writer.write(records[index])
-        yield path
+        number, path, shard, shards = element
+        target = os.path.join(
+            self._split_uri, f"data_tfrecord-{number:05d}-of-{self._total:05d}.gz"
+        )
+        with tf.io.TFRecordWriter(target, options="GZIP") as writer:
+            for record in shard_examples(path, self._read, shard=shard, shards=shards):
+                writer.write(record)
+        yield target
 
 
-def _shard_count(exec_properties: dict[str, Any], split_pattern: str) -> int:
-    """Output shards of a split: one per SHARD_INPUT_BYTES of input, so that the examples one
-    shard holds while it is shuffled stay bounded."""
-    input_base = exec_properties[standard_component_specs.INPUT_BASE_KEY]
-    files, _ = _split_files(os.path.join(input_base, split_pattern))
-    total = sum(fileio.stat(path).length for path in files)
-    return max(1, -(-total // SHARD_INPUT_BYTES))
+def _shard_tasks(files: list[str]) -> list[tuple[int, str, int, int]]:
+    """(output number, input file, shard, shards of that file): one shard per
+    SHARD_INPUT_BYTES of input, so that the examples a shard holds stay bounded."""
+    tasks = []
+    for path in files:
+        shards = max(1, -(-fileio.stat(path).length // SHARD_INPUT_BYTES))
+        tasks += [(len(tasks) + shard, path, shard, shards) for shard in range(shards)]
+    return tasks
 
 
 def _output_config(exec_properties: dict[str, Any]) -> Any:
@@ -419,11 +443,13 @@ class Executor(BaseExampleGenExecutor):
     """FileBasedExampleGen's executor for CSV and Parquet files, on Arrow record batches.
 
     Its `Do` writes each split as the stock executor does (gzipped TFRecords of tf.Examples,
-    shuffled), with the shuffle done on batches: each batch is dealt to random shards (one Beam
-    element per shard and batch), each shard written in a random order. The stock WriteSplit
-    makes one Beam element per example for its Reshuffle, which cost more than the reading and
-    encoding. Any other output (Parquet payloads, hash-bucket output splits) goes through the
-    stock path, one example per element.
+    shuffled), without one Beam element per example: one element per output shard, each shard
+    of an input file written by one pass over that file (`shard_examples`: its rows dealt at
+    random, permuted whole). The stock WriteSplit's per-example Reshuffle cost more than the
+    reading and encoding, and held every example of the split in memory on the DirectRunner;
+    here a worker holds one shard's (SHARD_INPUT_BYTES of input). Any other output (Parquet
+    payloads, hash-bucket output splits) goes through the stock path, one example per
+    element.
     """
 
     def GetInputSourceToExamplePTransform(self) -> beam.PTransform:  # noqa: N802 - TFX's API
@@ -458,15 +484,15 @@ class Executor(BaseExampleGenExecutor):
         )
         with self._make_beam_pipeline() as pipeline:
             for split in input_config.splits:
-                shards = _shard_count(exec_properties, split.pattern)
+                files, read = _split_reader(exec_properties, split.pattern)
+                tasks = _shard_tasks(files)
                 split_uri = artifact_utils.get_split_uri(examples, split.name)
                 fileio.makedirs(split_uri)
                 _ = (
                     pipeline
-                    | f"Read[{split.name}]" >> _ArrowBatches(exec_properties, split.pattern)
-                    | f"Deal[{split.name}]" >> beam.FlatMap(_deal, shards=shards)
-                    | f"Group[{split.name}]" >> beam.GroupByKey()
-                    | f"Write[{split.name}]" >> beam.ParDo(_WriteShard(split_uri, shards))
+                    | f"Shards[{split.name}]" >> beam.Create(tasks)
+                    | f"Write[{split.name}]"
+                    >> beam.ParDo(_WriteShard(split_uri, read, total=len(tasks)))
                 )
         # The artifact's properties as the stock executor sets them.
         from tfx.components.example_gen import write_split

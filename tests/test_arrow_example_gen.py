@@ -57,6 +57,11 @@ def _examples(pipeline_root: str, component: str, split: str) -> list[bytes]:
     return [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
 
 
+def _in_order(records: list[bytes]) -> list[bytes]:
+    """Each example with its features in key order, in the order given."""
+    return [tf.train.Example.FromString(r).SerializeToString(deterministic=True) for r in records]
+
+
 def _canonical(records: list[bytes]) -> list[bytes]:
     """Each example with its features in key order (the one thing protobuf may write in another
     order: map entries), sorted; every value byte is compared."""
@@ -222,10 +227,24 @@ def test_unchanged_input_is_cached_and_a_changed_file_runs_again(tmp_path):
     assert _run_example_gen(str(base), tmp_path) == ["COMPLETE", "CACHED", "COMPLETE"]
 
 
-def test_batches_dealt_to_shards_keep_every_example_once():
-    from components.arrow_example_gen import _deal
+def test_the_shards_of_a_file_hold_each_of_its_examples_once(tmp_path):
+    import functools
 
-    batch = [f"example {i}".encode() for i in range(1000)]
-    dealt = list(_deal(batch, shards=3))
-    assert {shard for shard, _ in dealt} == {0, 1, 2}
-    assert sorted(r for _, part in dealt for r in part) == sorted(batch)
+    from components.arrow_example_gen import csv_feature_batches, encode_csv_file, shard_examples
+
+    path = tmp_path / "data.csv"
+    rows = [f"{i},{i / 2},name {i % 7}\n" for i in range(5000)]
+    path.write_text("i,f,s\n" + "".join(rows), encoding="utf-8")
+    names = ["i", "f", "s"]
+    kinds = infer_csv_kinds([str(path)], names)
+    read = functools.partial(csv_feature_batches, names=names, kinds=kinds)
+    # Compared parsed (the encoder's feature order inside an example varies between calls).
+    in_file = _in_order([r for batch in encode_csv_file(str(path), names, kinds) for r in batch])
+    shards = [_in_order(shard_examples(str(path), read, shard=k, shards=3)) for k in range(3)]
+    assert all(len(shard) > 1000 for shard in shards)  # dealt at random, about a third each
+    assert sorted(r for shard in shards for r in shard) == sorted(in_file)
+    # Each pass over the file draws the same: a shard written again is the same shard.
+    assert _in_order(shard_examples(str(path), read, shard=1, shards=3)) == shards[1]
+    # Permuted: not in the file's order.
+    position = {r: i for i, r in enumerate(in_file)}
+    assert shards[0] != sorted(shards[0], key=position.__getitem__)

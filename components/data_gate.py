@@ -123,7 +123,10 @@ def data_findings(spec: Any, *, input_base: str, schema_types: dict[str, str]) -
     )
     if regression:
         return findings
-    unseen = eval_only_classes(input_label_splits(input_base, spec=spec))
+    # The label's cells were read above: CSV files are not read a second time.
+    unseen = eval_only_classes(
+        input_label_splits(input_base, spec=spec, label_cells=cells[spec.label])
+    )
     return [*findings, unseen] if unseen else findings
 
 

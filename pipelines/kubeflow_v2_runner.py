@@ -36,9 +36,8 @@ ENTRYPOINT = ("python", "-m", "tfx.orchestration.kubeflow.v2.container.kubeflow_
 # Component id (or class name) -> field of `kubeflow.resources`; other components (custom ones
 # such as a data gate) get `kubeflow.resources.default`.
 STEP_OF_COMPONENT: Mapping[str, str] = {
-    "CsvExampleGen": "example_gen",
+    "ArrowExampleGen": "example_gen",
     "ImportExampleGen": "example_gen",
-    "FileBasedExampleGen": "example_gen",
     "StatisticsGen": "statistics_gen",
     "SchemaGen": "schema_gen",
     "ImportSchemaGen": "schema_gen",

@@ -226,7 +226,7 @@ def served_dirs(serving_dir: Path) -> list[Path]:
 
 # The stock steps every run has; the schema step's id depends on whether the schema is imported.
 CORE_COMPONENTS = (
-    "CsvExampleGen",
+    "ArrowExampleGen",
     "StatisticsGen",
     "ExampleValidator",
     "Transform",

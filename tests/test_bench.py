@@ -520,6 +520,10 @@ def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
     (point,) = beam["points"]
     assert point["rows"] == 120 and point["workers"] == 1 and point["rows_per_second"] > 0
     assert point["transform_seconds"] > 0 and point["example_gen_seconds"] > 0
+    assert point["staging_seconds"] > 0
+    # Stock CsvExampleGen and the Arrow ExampleGen, each timed on the same staged files.
+    pair = beam["example_gens"]
+    assert pair["rows"] == 120 and pair["stock_seconds"] > 0 and pair["arrow_seconds"] > 0
     # Targets not measured in this run are reported as unknown, never as met.
     assert all(t["met"] is None for t in document["targets"])
     json_path, md_path = write_results(document, tmp_path / "results")
@@ -528,7 +532,12 @@ def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
         again != json_path
         and json.loads(json_path.read_text())["results"]["beam"]["points"][0]["rows"] == 120
     )
-    assert "Beam: ExampleGen + Transform, 120 rows, 1 worker(s)" in md_path.read_text()
+    text = md_path.read_text()
+    assert "Beam: ExampleGen + Transform, 120 rows, 1 worker(s)" in text
+    assert "Beam: ExampleGen, stock CsvExampleGen vs Arrow, 120 rows, 1 worker(s)" in text
+    per_step = next(line for line in text.splitlines() if "Beam: rows/s per step" in line)
+    for step in ("staging", "ExampleGen", "StatisticsGen", "DataGate", "Transform"):
+        assert f"{step} " in per_step, per_step
 
 
 def _run_document(results: dict, *, date: str, commit: str, mode: str, bf16: bool) -> dict:

@@ -645,7 +645,7 @@ def test_trainer_resumes_from_its_checkpoint_after_each_kill(campaign):
 
 
 def test_components_finished_before_a_kill_come_from_the_cache(campaign):
-    upstream = ("CsvExampleGen", "ImportSchema", "StatisticsGen", "ExampleValidator", "DataGate")
+    upstream = ("ArrowExampleGen", "ImportSchema", "StatisticsGen", "ExampleValidator", "DataGate")
     reruns = campaign.runs[1:]
     for run in reruns:
         for name in upstream:
@@ -770,7 +770,7 @@ def test_pusher_does_not_publish_the_newest_version_again(campaign, tmp_path):
     model.uri = str(tmp_path / "model")
     shutil.copytree(summary["pushed_model_dir"], tmp_path / "model" / "Format-Serving")
     examples = standard_artifacts.Examples()
-    examples.uri = glob.glob(str(campaign.pipeline_root / "CsvExampleGen" / "examples" / "*"))[0]
+    examples.uri = glob.glob(str(campaign.pipeline_root / "ArrowExampleGen" / "examples" / "*"))[0]
     examples.split_names = '["train", "eval"]'
 
     def push(warmup_requests: int) -> standard_artifacts.PushedModel:

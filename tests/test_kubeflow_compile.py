@@ -28,7 +28,7 @@ FLINK_ARGS = [
     "--environment_type=EXTERNAL",
     "--environment_config=localhost:50000",
 ]
-BEAM_STEPS = ("CsvExampleGen", "StatisticsGen", "Transform", "Evaluator")
+BEAM_STEPS = ("ArrowExampleGen", "StatisticsGen", "Transform", "Evaluator")
 NON_BEAM_STEPS = ("Trainer", "Pusher")
 
 
@@ -105,12 +105,12 @@ def test_dag_has_every_step_and_the_data_edges(volume_spec):
         assert step in tasks, f"{step} missing from the DAG: {sorted(tasks)}"
     assert any("Schema" in name for name in tasks), sorted(tasks)
     edges = {name: set(task.dependent_tasks) for name, task in tasks.items()}
-    assert "CsvExampleGen" in edges["StatisticsGen"]
-    assert "CsvExampleGen" in edges["Transform"]
+    assert "ArrowExampleGen" in edges["StatisticsGen"]
+    assert "ArrowExampleGen" in edges["Transform"]
     assert "Transform" in edges["Trainer"]
-    assert {"Trainer", "CsvExampleGen"} <= edges["Evaluator"]
+    assert {"Trainer", "ArrowExampleGen"} <= edges["Evaluator"]
     assert {"Trainer", "Evaluator"} <= edges["Pusher"]
-    assert not edges["CsvExampleGen"], "ExampleGen must be a root of the DAG"
+    assert not edges["ArrowExampleGen"], "ExampleGen must be a root of the DAG"
 
 
 def test_image_and_command_of_every_step(volume_spec):
@@ -144,7 +144,7 @@ def test_beam_args_reach_the_data_steps_only(volume_spec):
         assert args[-len(FLINK_ARGS) :] == FLINK_ARGS, f"{name} args: {args}"
     # ExampleGen's driver (run before the cache check) gets them too.
     assert (
-        list(containers["CsvExampleGen"].lifecycle.pre_cache_check.args)[-len(FLINK_ARGS) :]
+        list(containers["ArrowExampleGen"].lifecycle.pre_cache_check.args)[-len(FLINK_ARGS) :]
         == FLINK_ARGS
     )
     for name in NON_BEAM_STEPS:

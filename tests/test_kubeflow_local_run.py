@@ -36,7 +36,7 @@ from tests.tracking_server import MlflowServer
 pytestmark = [pytest.mark.slow, pytest.mark.external]
 
 TRAIN_STEPS = 200
-ORDER = ("CsvExampleGen", "StatisticsGen", "ExampleValidator", "DataGate", "Transform",
+ORDER = ("ArrowExampleGen", "StatisticsGen", "ExampleValidator", "DataGate", "Transform",
          "Trainer", "Evaluator", "Pusher")  # fmt: skip
 
 
@@ -120,7 +120,7 @@ def test_every_task_runs_the_spec_s_command_and_a_model_is_pushed(kubeflow_run):
         executor_input = json.loads(command[command.index("--json_serialized_invocation_args") + 1])
         assert executor_input["inputs"].get("parameterValues") or name in ("DataGate",), name
     # ExampleGen's driver ran first, as the spec's preCacheCheck asks.
-    assert "file_based_example_gen.driver" in " ".join(runs["CsvExampleGen"].commands[0])
+    assert "file_based_example_gen.driver" in " ".join(runs["ArrowExampleGen"].commands[0])
     pushed = runs["Pusher"].outputs["pushed_model"][0]["metadata"]
     assert pushed["pushed"] == 1
     versions = served_dirs(root / "serving" / "penguins")

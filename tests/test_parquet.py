@@ -2,7 +2,7 @@
 a string column; an int column holding zeros) -> `init` -> `run` -> a pushed model ->
 `fullthrottle predict --parquet` answering what the served model answers.
 
-One real pipeline run for the module (TFX's stock Parquet executor behind FileBasedExampleGen).
+One real pipeline run for the module (the pipeline's ArrowExampleGen reading the staged Parquet).
 Everything else -- a folder of two files, the staged files and their cache behaviour, the
 data gate's cell reader, and each kind of bad Parquet -- is checked without a pipeline, in
 process or through the CLI, which must stop with the one-paragraph message before any component.
@@ -24,8 +24,8 @@ import pyarrow.parquet as pq
 import pytest
 import tensorflow as tf
 import yaml
-from tfx.components.example_gen import utils as example_gen_utils
 
+from components.arrow_example_gen import encode_parquet_file
 from fullthrottle.bench.serving import free_port, start_server, stop_server
 from fullthrottle.commands.schema import infer_schema_text
 from fullthrottle.core.bundled import bundled_path
@@ -125,7 +125,7 @@ def test_init_types_the_columns_by_the_parquet_schema(parquet_run):
 
 
 def _examples(last: dict) -> dict[str, list[tf.train.Example]]:
-    root = Path(last["pipeline_root"]) / "FileBasedExampleGen" / "examples"
+    root = Path(last["pipeline_root"]) / "ArrowExampleGen" / "examples"
     return {
         split: [
             tf.train.Example.FromString(record.numpy())
@@ -151,15 +151,15 @@ def test_run_pushes_a_model_from_examples_typed_by_the_parquet_schema(parquet_ru
         **{name: "bytes_list" for name in STRINGS},
     }
     for name, kind in wanted.items():
-        kinds = [
-            e.features.feature[name].WhichOneof("kind") if name in e.features.feature else None
-            for e in examples
-        ]
-        # The Parquet type; a missing value an empty feature, as CsvExampleGen leaves it.
-        assert set(kinds) <= {kind, None}, (name, set(kinds))
-        assert kinds.count(None) == int(frame[name].isna().sum()), name
-    # A zero is a value, not a missing one (TFX's executor drops a falsy scalar; staged values
-    # are one-element lists).
+        features = [e.features.feature[name] for e in examples]
+        # The Parquet type; a missing value a feature without values, as CsvExampleGen leaves an
+        # empty cell (`int64_list {}`).
+        assert {f.WhichOneof("kind") for f in features} == {kind}, name
+        counts = [len(getattr(f, kind).value) for f in features]
+        assert set(counts) <= {0, 1}, (name, set(counts))
+        assert counts.count(0) == int(frame[name].isna().sum()), name
+    # A zero is a value, not a missing one (staged values are one-element lists, a null list
+    # is missing).
     years = [list(e.features.feature["study_year"].int64_list.value) for e in examples]
     assert years.count([0]) == int((frame["study_year"] == 0).sum()) > 0
 
@@ -255,19 +255,25 @@ def test_staged_files_are_typed_split_and_left_untouched_when_unchanged(
     assert schema.field("body_mass_g").type == pa.list_(pa.int64())
     assert schema.field("bill_length_mm").type == pa.list_(pa.float64())
     assert schema.field("sex").type == pa.list_(pa.string())
-    # TFX's Parquet executor maps each row with dict_to_example: a zero stays a value, a null is
-    # an empty feature (missing). A bare scalar zero would be dropped by it.
+    # What the pipeline's ExampleGen makes of them, row by row: a zero stays a value, a null
+    # list is a feature without values (missing, as an empty CSV cell).
     rows = pq.read_table(train).to_pylist()
-    examples = [example_gen_utils.dict_to_example(row).features.feature for row in rows]
+    examples = [
+        tf.train.Example.FromString(record).features.feature
+        for batch in encode_parquet_file(str(train))
+        for record in batch
+    ]
+    assert len(examples) == len(rows)
     zero_rows = [i for i, row in enumerate(rows) if row["study_year"] == [0]]
     assert zero_rows and all(
         list(examples[i]["study_year"].int64_list.value) == [0] for i in zero_rows
     )
-    assert (
-        example_gen_utils.dict_to_example({"x": 0}).features.feature["x"].WhichOneof("kind") is None
-    )
     missing = [i for i, row in enumerate(rows) if row["sex"] is None]
-    assert missing and all(examples[i]["sex"].WhichOneof("kind") is None for i in missing)
+    assert missing and all(not examples[i]["sex"].bytes_list.value for i in missing)
+    present = [i for i, row in enumerate(rows) if row["sex"] is not None]
+    assert all(
+        [v.decode() for v in examples[i]["sex"].bytes_list.value] == rows[i]["sex"] for i in present
+    )
     # Unchanged input: the files keep their bytes and times (ExampleGen's cache holds).
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in (train, evaluation)}
     stage(parquet_file, tmp_path / "out")
@@ -442,9 +448,7 @@ def test_kubeflow_compiles_the_parquet_example_gen_with_its_resources():
         ]
     )
     executors = compile_pipeline(config).pipeline_spec["deploymentSpec"]["executors"]
-    container = executors["FileBasedExampleGen_executor"]["container"]
+    container = executors["ArrowExampleGen_executor"]["container"]
     assert container["resources"]["resourceMemoryLimit"] == "9Gi"
     args = container["args"]
-    assert args[args.index("--executor_class_path") + 1] == (
-        "tfx.components.example_gen.custom_executors.parquet_executor.Executor"
-    )
+    assert args[args.index("--executor_class_path") + 1] == "components.arrow_example_gen.Executor"

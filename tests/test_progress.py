@@ -16,7 +16,7 @@ from tests.own_data import TRAIN_STEPS, own_data_run
 from trainer_module.training import TrainingConfig, train
 
 COMPONENTS = (
-    "CsvExampleGen",
+    "ArrowExampleGen",
     "StatisticsGen",
     "SchemaGen",
     "ExampleValidator",

@@ -305,7 +305,7 @@ def test_the_label_vocabulary_holds_every_class_and_eval_holds_no_unseen_one(iri
     assert {value.decode() for value in vocabulary} == everything
     labels, records = {}, {}
     for split in SPLITS:
-        files = sorted(root.glob(f"CsvExampleGen/examples/*/Split-{split}/*"))
+        files = sorted(root.glob(f"ArrowExampleGen/examples/*/Split-{split}/*"))
         assert files, split
         dataset = tf.data.TFRecordDataset([str(f) for f in files], compression_type="GZIP")
         records[split] = [record.numpy() for record in dataset]

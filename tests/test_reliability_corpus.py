@@ -6,7 +6,7 @@ TensorFlow and TFX are imported once for all cases) and stop in `fullthrottle.co
 before any component runs. "gate" cases are checked in this process the way the pipeline checks
 them (staging, TFDV statistics with CsvExampleGen's CSV decoder, ExampleValidator's validation
 against the curated schema, the DataGate's cell checks and report); one of them also runs end to
-end through the real CsvExampleGen -> StatisticsGen -> ExampleValidator -> DataGate on Beam.
+end through the real ArrowExampleGen -> StatisticsGen -> ExampleValidator -> DataGate on Beam.
 
 `docs/reliability.md` holds the same cases as a table; `test_docs_table_matches_the_corpus`
 keeps the two in sync.
@@ -382,7 +382,7 @@ def test_stopped_before_the_pipeline(tmp_path, capsys, case):
     )
 
 
-# The gate case run end to end (the real pipeline: CsvExampleGen -> StatisticsGen ->
+# The gate case run end to end (the real pipeline: ArrowExampleGen -> StatisticsGen ->
 # ExampleValidator -> DataGate on Beam, MLflow, last_run.json); every gate case, this one
 # included, is also checked in-process below.
 END_TO_END = "extra-column"

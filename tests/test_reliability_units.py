@@ -290,7 +290,7 @@ def test_the_gate_the_schema_import_and_the_pusher_work_on_a_non_local_filesyste
     )
     examples = artifact(
         standard_artifacts.Examples,
-        _to_ram(_artifact_dir(output_dir, "CsvExampleGen", "examples"), f"{root}/examples"),
+        _to_ram(_artifact_dir(output_dir, "ArrowExampleGen", "examples"), f"{root}/examples"),
         split_names=splits,
     )
     serving_dir = f"{root}/serving/penguins"

@@ -249,7 +249,9 @@ def run_transform_prefix(config: Config) -> dict[str, Any]:
     from fullthrottle.outcome import read_latest_run
     from pipelines.local_runner import build_local_pipeline, run_pipeline
 
+    staging_started = time.perf_counter()
     prepared = prepare_data(config)
+    staging_seconds = time.perf_counter() - staging_started
     full = build_local_pipeline(config, input_base=prepared.input_base)
     # Transform and what it depends on, in the pipeline's order (not the baseline resolver,
     # which only the Evaluator reads).
@@ -275,7 +277,59 @@ def run_transform_prefix(config: Config) -> dict[str, Any]:
     wall = time.perf_counter() - started
     outcome = read_latest_run(str(config.mlmd_path))
     seconds = {name: comp.seconds for name, comp in outcome.components.items()} if outcome else {}
-    return {"rows": prepared.rows, "wall_seconds": wall, "component_seconds": seconds}
+    return {
+        "rows": prepared.rows,
+        "wall_seconds": wall,
+        "staging_seconds": staging_seconds,
+        "component_seconds": seconds,
+        "input_base": prepared.input_base,
+        "beam_pipeline_args": list(full.beam_pipeline_args),
+    }
+
+
+def time_example_gens(
+    input_base: str, work: Path, *, beam_pipeline_args: Sequence[str] = ()
+) -> dict[str, float]:
+    """Seconds (from MLMD) of TFX's stock ``CsvExampleGen`` and the pipeline's Arrow ExampleGen
+    on the same staged splits, each alone in a pipeline, cache off, one after the other."""
+    from tfx import v1 as tfx
+
+    from components.arrow_example_gen import example_gen
+    from fullthrottle.core.splits import SPLITS
+    from fullthrottle.outcome import read_latest_run
+    from pipelines.local_runner import run_pipeline
+
+    input_config = tfx.proto.Input(
+        splits=[tfx.proto.Input.Split(name=name, pattern=f"{name}/*") for name in SPLITS]
+    )
+    makers = {
+        "stock": lambda: tfx.components.CsvExampleGen(
+            input_base=input_base, input_config=input_config
+        ),
+        "arrow": lambda: example_gen(input_base=input_base, input_config=input_config),
+    }
+    seconds = {}
+    for name, make in makers.items():
+        root = work / f"example-gen-{name}"
+        mlmd = root / "metadata.sqlite"
+        root.mkdir(parents=True, exist_ok=True)
+        component = make()
+        run_pipeline(
+            tfx.dsl.Pipeline(
+                pipeline_name=f"fullthrottle-bench-example-gen-{name}",
+                pipeline_root=str(root / "pipeline"),
+                components=[component],
+                enable_cache=False,
+                metadata_connection_config=(
+                    tfx.orchestration.metadata.sqlite_metadata_connection_config(str(mlmd))
+                ),
+                beam_pipeline_args=list(beam_pipeline_args),
+            )
+        )
+        outcome = read_latest_run(str(mlmd))
+        assert outcome is not None, f"no run recorded in {mlmd}"
+        seconds[name] = outcome.components[component.id].seconds
+    return seconds
 
 
 def example_gen_name(seconds: dict[str, float]) -> str:

@@ -259,9 +259,10 @@ def read_table(files: Sequence[Path], columns: Sequence[str]) -> Any:
 def as_single_value_lists(array: Any) -> Any:
     """Each present value as a one-element list, each missing one as a null list.
 
-    The staged files hold these: TFX's Parquet executor (`example_gen.utils.dict_to_example`)
-    turns a falsy scalar (0, 0.0) into an empty feature, that is a missing value, while a list
-    `[0]` becomes int64_list [0]. A null list is an empty feature: missing, as in CSV."""
+    The staged files hold these, the Arrow form of tf.Example features that the pipeline's
+    ArrowExampleGen and TFDV read: a `[0]` is the value 0, a null list a feature without values
+    (missing, as an empty CSV cell). (TFX's stock Parquet executor, `dict_to_example`, would
+    turn a bare falsy scalar such as 0 into a missing value.)"""
     import numpy as np
     import pyarrow as pa
 

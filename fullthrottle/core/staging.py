@@ -774,16 +774,24 @@ def read_input_cells(
     return cells
 
 
-def input_label_splits(input_base: str, *, spec: DataSpec) -> SplitSummary:
+def input_label_splits(
+    input_base: str, *, spec: DataSpec, label_cells: list[tuple[str, str]] | None = None
+) -> SplitSummary:
     """The label's rows per class and split in the data ExampleGen read from `input_base`: the
     split folders of CSV input, ExampleGen's hash split of TFRecord input (for the DataGate, which
-    also sees data that `fullthrottle run` did not stage, such as a Kubeflow input folder)."""
+    also sees data that `fullthrottle run` did not stage, such as a Kubeflow input folder).
+
+    `label_cells`: the label's cells of CSV or Parquet input as `read_input_cells` gave them,
+    when the caller has read them already (the files are then not read again)."""
     if spec.format in ("csv", "parquet"):
-        cells = read_input_cells(input_base, data_format=spec.format, columns=[spec.label])
+        if label_cells is None:
+            label_cells = read_input_cells(
+                input_base, data_format=spec.format, columns=[spec.label]
+            )[spec.label]
         return SplitSummary.count(
             method=SPLIT_FOLDERS,
             label=spec.label,
-            pairs=((value, place.split("/", 1)[0]) for place, value in cells[spec.label]),
+            pairs=((value, place.split("/", 1)[0]) for place, value in label_cells),
         )
     import tensorflow as tf
 

@@ -7,7 +7,7 @@
 #      so after bin/envrun's build nothing is downloaded again (the wheelhouse is unchanged).
 #   2. In that image, as its non-root user: `fullthrottle run` on the bundled data pushes a model.
 #   3. `fullthrottle compile --target kubeflow` in the image, then the compiled spec's first task
-#      (CsvExampleGen: its driver, then its executor) through exactly the container command and
+#      (ArrowExampleGen: its driver, then its executor) through exactly the container command and
 #      arguments the spec gives it, with the executor input KFP's driver would build
 #      (tests/kfp_local.py), the spec's default roots on a volume mounted where the spec's PVC is.
 #   4. `bin/image --target gpu`: the cpu image plus the CUDA wheels; its build fails unless
@@ -92,8 +92,8 @@ buildah run --isolation chroot -v "$work/out:/work" "$cpu" -- \
 grep -q "PVC 'fullthrottle' at /mnt/fullthrottle" "$work/compile.log" ||
     { cat "$work/compile.log" >&2; fail "compile did not mount the roots' volume"; }
 buildah run --isolation chroot -v "$work/out:/work" "$cpu" -- \
-    python -m tests.kfp_local /work/spec.yaml CsvExampleGen check-run >"$work/task.json" 2>"$work/task.log" ||
-    { cat "$work/task.log" >&2; fail "cannot read CsvExampleGen's commands from the compiled spec"; }
+    python -m tests.kfp_local /work/spec.yaml ArrowExampleGen check-run >"$work/task.json" 2>"$work/task.log" ||
+    { cat "$work/task.log" >&2; fail "cannot read ArrowExampleGen's commands from the compiled spec"; }
 output_file=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["output_file"])' "$work/task.json")
 [[ "$output_file" == /mnt/fullthrottle/* ]] || fail "the task's output is not on the volume: $output_file"
 mkdir -p "$volume$(dirname "${output_file#/mnt/fullthrottle}")"
@@ -103,15 +103,15 @@ for ((i = 0; i < count; i++)); do
     mapfile -d '' -t command < <(python3 -c 'import json,sys; sys.stdout.write("\0".join(json.load(open(sys.argv[1]))["commands"][int(sys.argv[2])]))' "$work/task.json" "$i")
     buildah run --isolation chroot -v "$volume:/mnt/fullthrottle" "$cpu" -- "${command[@]}" \
         >"$work/task-$i.log" 2>&1 ||
-        { tail -n 60 "$work/task-$i.log" >&2; fail "CsvExampleGen's command $((i + 1)) of $count failed in the image: ${command[*]:0:4}"; }
+        { tail -n 60 "$work/task-$i.log" >&2; fail "ArrowExampleGen's command $((i + 1)) of $count failed in the image: ${command[*]:0:4}"; }
 done
 task_dir="$volume$(dirname "${output_file#/mnt/fullthrottle}")"
-[[ -s "$task_dir/executor_output.json" ]] || fail "CsvExampleGen wrote no executor output"
+[[ -s "$task_dir/executor_output.json" ]] || fail "ArrowExampleGen wrote no executor output"
 for split in train eval; do
     compgen -G "$task_dir/examples/Split-$split/*.gz" >/dev/null ||
-        fail "CsvExampleGen wrote no $split examples under $task_dir/examples"
+        fail "ArrowExampleGen wrote no $split examples under $task_dir/examples"
 done
-echo "ok: CsvExampleGen ran in the cpu image with the spec's command and arguments ($count commands, driver first), examples written to the volume ($((SECONDS - start)) s)"
+echo "ok: ArrowExampleGen ran in the cpu image with the spec's command and arguments ($count commands, driver first), examples written to the volume ($((SECONDS - start)) s)"
 
 # --- 4. the gpu image ------------------------------------------------------------------------
 if [[ "${FULLTHROTTLE_IMAGE_CHECK_GPU:-1}" == 1 ]]; then

@@ -1,7 +1,10 @@
 """The Beam benchmark: the real pipeline's prefix (ExampleGen to Transform, the same nodes and
 code as ``fullthrottle run``, cache off) on generated penguins-shaped CSVs, DirectRunner
 ``multi_processing`` with 1 and 2 workers; rows/s = rows / (ExampleGen + Transform seconds
-from MLMD). One run per point (each is long)."""
+from MLMD), and each step's own rows/s (staging, ExampleGen, StatisticsGen, DataGate,
+Transform). At the largest size, TFX's stock ``CsvExampleGen`` and the pipeline's Arrow
+ExampleGen on the same staged files, one after the other (rows/s of each, and the ratio). One
+run per point (each is long)."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ def run(context: Context, sizes: BeamSizes) -> dict[str, Any]:
     from fullthrottle.bench.workloads import (
         example_gen_name,
         run_transform_prefix,
+        time_example_gens,
         transform_prefix_config,
         write_tabular_csv,
     )
@@ -39,6 +43,7 @@ def run(context: Context, sizes: BeamSizes) -> dict[str, Any]:
         }
     work = context.work / "beam"
     points = []
+    example_gens: dict[str, Any] = {}
     for rows in sizes.rows:
         csv_path = write_tabular_csv(work / f"rows{rows}" / "data.csv", rows)
         for workers in sizes.workers:
@@ -60,16 +65,46 @@ def run(context: Context, sizes: BeamSizes) -> dict[str, Any]:
                     "transform_seconds": secs["Transform"],
                     "rows_per_second": rows / work_seconds if work_seconds else None,
                     "prefix_wall_seconds": outcome["wall_seconds"],
+                    "staging_seconds": outcome["staging_seconds"],
                     "component_seconds": secs,
                 }
             )
+        if rows == max(sizes.rows):
+            # Stock vs Arrow ExampleGen on the files the last point staged, with its Beam args.
+            pair = time_example_gens(
+                outcome["input_base"],
+                work / f"rows{rows}-example-gens",
+                beam_pipeline_args=outcome["beam_pipeline_args"],
+            )
+            example_gens = {
+                "rows": rows,
+                "workers": sizes.workers[-1],
+                "stock_seconds": pair["stock"],
+                "arrow_seconds": pair["arrow"],
+                "stock_rows_per_second": rows / pair["stock"] if pair["stock"] else None,
+                "arrow_rows_per_second": rows / pair["arrow"] if pair["arrow"] else None,
+            }
     by = {(p["rows"], p["workers"]): p for p in points}
     two_vs_one = {
         str(rows): by[(rows, 2)]["rows_per_second"] / by[(rows, 1)]["rows_per_second"]
         for rows in sizes.rows
         if (rows, 1) in by and (rows, 2) in by
     }
-    return {"points": points, "two_vs_one_workers": two_vs_one}
+    return {"points": points, "two_vs_one_workers": two_vs_one, "example_gens": example_gens}
+
+
+# The steps whose rows/s the per-step row shows, as MLMD names them (staging is timed apart).
+STEPS = ("ExampleGen", "StatisticsGen", "DataGate", "Transform")
+
+
+def _step_rates(point: Mapping[str, Any]) -> str:
+    rows_n = point["rows"]
+    seconds = {"staging": point.get("staging_seconds")}
+    for step in STEPS:
+        seconds[step] = next(
+            (v for k, v in point["component_seconds"].items() if k.endswith(step)), None
+        )
+    return ", ".join(f"{step} {rows_n / value:,.0f}" for step, value in seconds.items() if value)
 
 
 def rows(result: Mapping[str, Any], verdict: Verdict) -> list[str]:
@@ -81,8 +116,22 @@ def rows(result: Mapping[str, Any], verdict: Verdict) -> list[str]:
         f"Transform {p['transform_seconds']:.1f} s) | | |"
         for p in result["points"]
     ]
+    out += [
+        f"| Beam: rows/s per step, {p['rows']:,} rows, {p['workers']} worker(s) | "
+        f"{_step_rates(p)} | | |"
+        for p in result["points"]
+        if "staging_seconds" in p
+    ]
     for rows_n, value in result["two_vs_one_workers"].items():
         out.append(f"| Beam: 2 vs 1 workers, {int(rows_n):,} rows | | {value:.2f}x | |")
+    pair = result.get("example_gens")
+    if pair and pair["stock_seconds"] and pair["arrow_seconds"]:
+        out.append(
+            f"| Beam: ExampleGen, stock CsvExampleGen vs Arrow, {pair['rows']:,} rows, "
+            f"{pair['workers']} worker(s) | {pair['stock_rows_per_second']:,.0f} vs "
+            f"{pair['arrow_rows_per_second']:,.0f} rows/s | "
+            f"{pair['stock_seconds'] / pair['arrow_seconds']:.2f}x | |"
+        )
     return out
 
 

@@ -930,7 +930,7 @@ def test_the_transformers_text_is_repeated_through_several_shuffle_windows(tmp_p
     many gzip files until they fill the asked rows, and its input row says so."""
     import tensorflow as tf
 
-    from fullthrottle.bench.benchmarks.trainer import _model_rows
+    from fullthrottle.bench.benchmarks.trainer import model_rows
     from fullthrottle.bench.workloads import repeated_training_data
 
     data = write_synthetic_training_data(tmp_path / "text", rows=30, numeric=2, seq_len=4)
@@ -957,11 +957,11 @@ def test_the_transformers_text_is_repeated_through_several_shuffle_windows(tmp_p
         "matmul_ceiling": {"float32": {"flops_per_second": 1e9}},
         "flops_per_example": {"training": 100.0},
     }
-    rows_md = _model_rows("transformer", m, lambda name: "")
+    rows_md = model_rows("transformer", m, lambda name: "")
     row = next(r for r in rows_md if "input efficiency" in r)
     assert "120 rows (the 30-row split repeated) through 25-row shuffle windows" in row
     assert "cache row" not in row
-    cached = _model_rows(
+    cached = model_rows(
         "tabular", m | {"input_efficiency": entry | {"input_cached": True}}, lambda name: ""
     )
     assert "cache row" in next(r for r in cached if "input efficiency" in r)
@@ -970,19 +970,19 @@ def test_the_transformers_text_is_repeated_through_several_shuffle_windows(tmp_p
 def test_the_copies_row_charges_their_write_pass_over_a_runs_epochs():
     """Copies / in-memory with the write pass in it, over 1 and 10 epochs, and the epochs after
     which they beat plain streaming (the advisor's break-even)."""
-    from fullthrottle.bench.benchmarks.trainer import _copies_cost
+    from fullthrottle.bench.benchmarks.trainer import copies_cost
 
     st = {"rows": 1000, "reader_prebatched": {"write_seconds": 1.0}}
     plain = {"streaming": {"median": 250.0}}  # 4 s per epoch
     copies = {"prebatched": {"median": 500.0}, "in_memory": {"median": 1000.0}}  # 2 s, 1 s
     # 1 epoch: 1 s in memory vs 1 + 2 s; 10 epochs: 10 s vs 1 + 20 s; 1 s / (4 - 2 s) = 0.5.
-    assert _copies_cost(st, plain, copies) == (
+    assert copies_cost(st, plain, copies) == (
         "; with the 1.0 s write pass over 1,000 rows: 1 epoch 0.33x, 10 epochs 0.48x; "
         "paid back vs plain streaming after 0.5 epochs"
     )
     slower = {"prebatched": {"median": 200.0}, "in_memory": {"median": 1000.0}}
-    assert _copies_cost(st, plain, slower).endswith("never paid back vs plain streaming")
-    assert _copies_cost({"rows": 1000}, plain, copies) == ""  # no write pass measured
+    assert copies_cost(st, plain, slower).endswith("never paid back vs plain streaming")
+    assert copies_cost({"rows": 1000}, plain, copies) == ""  # no write pass measured
 
 
 def test_the_loop_vs_fit_figure_says_when_fit_paid_for_an_iterator_ours_skips():

@@ -391,7 +391,7 @@ def rows(result: Mapping[str, Any], verdict: Verdict) -> list[str]:
     for model in MODELS:
         m = result.get(model)
         if m and "vs_tfx_example" in m:
-            out += _model_rows(model, m, verdict)
+            out += model_rows(model, m, verdict)
     return out
 
 
@@ -406,7 +406,7 @@ def _fit_distribution(fit: Mapping[str, Any]) -> str:
     return f", both through {distribution}"
 
 
-def _model_rows(model: str, m: Mapping[str, Any], verdict: Verdict) -> list[str]:
+def model_rows(model: str, m: Mapping[str, Any], verdict: Verdict) -> list[str]:
     v, e, rd = m["vs_tfx_example"], m["input_efficiency"], m.get("reader_vs_tfx_bsl")
     rows = [
         ratio_row(
@@ -526,7 +526,7 @@ def _reader_row(title: str, reader: Mapping[str, Any], verdict: str) -> str:
 COPIES_EPOCHS = (1, 10)  # runs the copies' row states its write pass over
 
 
-def _copies_cost(
+def copies_cost(
     st: Mapping[str, Any], plain: Mapping[str, Any] | None, copies: Mapping[str, Any]
 ) -> str:
     """The write pass in the copies' ratio: streaming from copies / in-memory over runs of
@@ -589,7 +589,7 @@ def _streaming_rows(model: str, st: Mapping[str, Any], verdict: Verdict) -> list
                 ratio_row(
                     f"{model}: the same, streaming from pre-batched copies "
                     f"(`training.input_snapshot_dir`) / in-memory batches, batch {size_}"
-                    f"{_copies_cost(st, e, es)}",
+                    f"{copies_cost(st, e, es)}",
                     es,
                     verdict(f"{model}_streaming_prebatched_b{size_}"),
                 )

@@ -19,9 +19,10 @@ component's on Beam). Like the stock component's, the examples are written in a 
 same examples in the same order).
 
 Parquet files (`*.parquet`) are read with their own column types: integers and booleans as INT,
-floating point as FLOAT, strings and binary as STRING, nulls as missing values; any other type
-is refused with the column named. Memory is bounded: files are streamed in record batches, never read
-whole, and a worker holds one output shard's examples at a time.
+floating point as FLOAT, strings and binary as STRING, nulls as missing values, a list of such
+values (one level: staging writes each cell as a one-value list) as a feature of its values;
+any other type is refused with the column named. Memory is bounded: files are streamed in
+record batches, never read whole, and a worker holds one output shard's examples at a time.
 
 Used through TFX's `FileBasedExampleGen(custom_executor_spec=...)` (`example_gen`).
 """

@@ -1,8 +1,8 @@
 """The fullthrottle pipeline, wired in one pure function.
 
-ExampleGen (CSV: components/arrow_example_gen.py) -> StatisticsGen -> SchemaGen (or an imported
-schema) -> ExampleValidator -> Transform -> Trainer -> Evaluator (against the latest blessed
-model) -> Pusher (only when the Evaluator blesses the model).
+ExampleGen (CSV, Parquet: components/arrow_example_gen.py) -> StatisticsGen -> SchemaGen (or
+an imported schema) -> ExampleValidator -> Transform -> Trainer -> Evaluator (against the latest
+blessed model) -> Pusher (only when the Evaluator blesses the model).
 
 No training, parsing or tracking logic lives here: Transform and Trainer reach the project's
 code by dotted name (`trainer_module.transform.preprocessing_fn`, `trainer_module.run.run_fn`)

@@ -238,9 +238,7 @@ def _read_parquet_sample(
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 - a damaged page: name the file
-            raise DataError(
-                f"{path} is a damaged Parquet file ({str(exc).splitlines()[0][:200]}); re-export it"
-            ) from None
+            raise parquet.damaged_file(path, exc) from None
         if len(places) >= sample_rows:
             break
     numeric = {name: kinds[name] in (parquet.INT, parquet.FLOAT) for name in readable}

@@ -246,9 +246,7 @@ def read_table(files: Sequence[Path], columns: Sequence[str]) -> Any:
         except DataError:
             raise
         except Exception as exc:  # noqa: BLE001 - a damaged page: name the file
-            raise DataError(
-                f"{path} is a damaged Parquet file ({_first_line(exc)}); re-export it"
-            ) from None
+            raise damaged_file(path, exc) from None
     table = pa.concat_tables(tables)
     where = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
     return pa.table(
@@ -297,6 +295,11 @@ def cell_text(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)
     return str(value)
+
+
+def damaged_file(path: Path | str, exc: BaseException) -> DataError:
+    """The error for a Parquet file a reader failed on (a damaged page): the file named."""
+    return DataError(f"{path} is a damaged Parquet file ({_first_line(exc)}); re-export it")
 
 
 def _first_line(exc: BaseException) -> str:

@@ -21,8 +21,10 @@ import os
 import re
 import shutil
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fullthrottle.core.bundled import bundled_path
 from fullthrottle.core.config import (
@@ -227,26 +229,7 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
     _normalize_cells(spec, header0, all_rows)
     _check_label_classes(spec, header0, all_rows, files)
     index = header0.index(spec.label)
-    labels = [row[index] for row in all_rows]
-    regression = spec.task == "regression"
-    if regression:
-        labels = range_strata(
-            labels, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
-        )
-    assignment = stratified_split(
-        labels,
-        [row_key(row) for row in all_rows],
-        train_buckets=spec.train_buckets,
-        eval_buckets=spec.eval_buckets,
-    )
-    split = SplitSummary.count(
-        method=STRATIFIED_RANGE if regression else STRATIFIED,
-        label=spec.label,
-        pairs=zip(labels, assignment, strict=True),
-        classes=not regression,
-    )
-    if not split.rows("eval"):
-        raise DataError(_no_eval_rows_message(spec, source=source, rows=len(all_rows)))
+    assignment, split = _split_rows(spec, all_rows, index, source=source)
     _write_staged(
         staged_dir,
         header0,
@@ -258,6 +241,34 @@ def _prepare_csv(spec: DataSpec, files: list[Path], staged_dir: Path) -> Prepare
     return PreparedData(
         str(staged_dir), tuple(map(str, files)), tuple(header0), len(all_rows), split
     )
+
+
+def _split_rows(
+    spec: DataSpec, rows: Sequence[Sequence[Any]], index: int, *, source: str
+) -> tuple[list[str], SplitSummary]:
+    """Each row's split, stratified by its label (column `index`; a regression label by ranges
+    of its sorted values), and the summary; data too small to give eval a row is refused."""
+    labels = [row[index] for row in rows]
+    regression = spec.task == "regression"
+    if regression:
+        labels = range_strata(
+            labels, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
+        )
+    assignment = stratified_split(
+        labels,
+        [row_key(row) for row in rows],
+        train_buckets=spec.train_buckets,
+        eval_buckets=spec.eval_buckets,
+    )
+    split = SplitSummary.count(
+        method=STRATIFIED_RANGE if regression else STRATIFIED,
+        label=spec.label,
+        pairs=zip(labels, assignment, strict=True),
+        classes=not regression,
+    )
+    if not split.rows("eval"):
+        raise DataError(_no_eval_rows_message(spec, source=source, rows=len(rows)))
+    return assignment, split
 
 
 def _no_eval_rows_message(spec: DataSpec, *, source: str, rows: int) -> str:
@@ -358,26 +369,7 @@ def _prepare_parquet(spec: DataSpec, files: list[Path], staged_dir: Path) -> Pre
             )
             table = table.set_column(index, spec.label, merged)
     _check_label_classes(spec, columns, rows, files)
-    labels = [row[index] for row in rows]
-    regression = spec.task == "regression"
-    if regression:
-        labels = range_strata(
-            labels, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
-        )
-    assignment = stratified_split(
-        labels,
-        [row_key(row) for row in rows],
-        train_buckets=spec.train_buckets,
-        eval_buckets=spec.eval_buckets,
-    )
-    split = SplitSummary.count(
-        method=STRATIFIED_RANGE if regression else STRATIFIED,
-        label=spec.label,
-        pairs=zip(labels, assignment, strict=True),
-        classes=not regression,
-    )
-    if not split.rows("eval"):
-        raise DataError(_no_eval_rows_message(spec, source=source, rows=len(rows)))
+    assignment, split = _split_rows(spec, rows, index, source=source)
     contents = {
         name: parquet.table_bytes(
             table.take([i for i, where in enumerate(assignment) if where == name])

@@ -304,14 +304,15 @@ class ServingConfig:
     so names, ports and paths agree everywhere.
     """
 
-    # PredictionLog records written to assets.extra/tf_serving_warmup_requests per signature.
+    # PredictionLog records written to assets.extra/tf_serving_warmup_requests, in all (half per
+    # signature: serving_default and predict_raw, alternating).
     warmup_requests: Annotated[
         int, _within(0, 1000), Field(description="TF Serving reads at most 1000")
     ] = 64
     # Newest K version folders kept after a push.
     keep_versions: Annotated[NonNegativeInt, Field(description="0 keeps all")] = 0
     serve_versions: PositiveInt = 1  # the server keeps the newest N loaded (TF Serving's latest)
-    tflite: bool = False  # also write model.tflite (float32) beside the pushed SavedModel
+    tflite: bool = False  # also write tflite/model_float32.tflite beside the pushed SavedModel
     tflite_quantize: bool = False  # and model_dynamic_range.tflite (int8 weights, float maths)
     host: Annotated[str, Field(min_length=1, description="127.0.0.1 serves this machine only")] = (
         "127.0.0.1"

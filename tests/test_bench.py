@@ -13,6 +13,7 @@ import json
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,10 @@ from fullthrottle.bench.results import (
     write_results,
 )
 from fullthrottle.bench.trainer import (
+    CPU_METRICS,
     OurLoop,
     StrongFit,
+    metered,
     reader_rates,
     tracking_rates,
     training_flops_per_example,
@@ -803,6 +806,13 @@ def test_the_streaming_contender_really_streams_data_past_the_cache_line(tmp_pat
         prebatched = result[f"b{size}_prebatched"]
         assert len(prebatched["paired"]) == TRAINER.streaming_repeats
         assert prebatched["numerator"] == "prebatched"
+        # Every timed window's CPU use, per contender (see test_metered_windows_record_...).
+        assert set(entry["cpu"]) == {"streaming", "in_memory"}
+        assert set(prebatched["cpu"]) == {"prebatched", "in_memory"}
+        for cpu in (*entry["cpu"].values(), prebatched["cpu"]["prebatched"]):
+            assert set(cpu) == set(CPU_METRICS)
+            assert cpu["cores"]["n"] == TRAINER.streaming_repeats
+            assert cpu["cores"]["median"] > 0 and cpu["cpu_us_per_example"]["median"] > 0
     assert result["reader"]["per_cpu_second"]["median"] > 0
     reader = result["reader_prebatched"]
     assert reader["per_cpu_second"]["median"] > 0 and reader["write_seconds"] > 0
@@ -823,6 +833,44 @@ def test_the_streaming_contender_really_streams_data_past_the_cache_line(tmp_pat
     stamps = [Path(f).stat().st_mtime_ns for f in result_files(result)]
     streaming_tabular_data(data, rows=TRAINER.streaming_rows, files=TRAINER.streaming_files)
     assert [Path(f).stat().st_mtime_ns for f in result_files(result)] == stamps
+
+
+def test_metered_windows_record_cores_machine_cores_and_cpu_per_example():
+    samples: dict[str, list[float]] = {}
+
+    def busy_window() -> float:  # 0.3 s of one thread's CPU, "1,000 examples"
+        end = time.process_time() + 0.3
+        while time.process_time() < end:
+            pass
+        return 1000 / 0.3
+
+    for _ in range(2):
+        assert metered(busy_window, samples) == 1000 / 0.3
+    assert set(samples) == set(CPU_METRICS)
+    assert all(len(values) == 2 for values in samples.values())
+    metrics = (samples[m] for m in ("cores", "machine_cores", "cpu_us_per_example"))
+    for cores, machine, per_example in zip(*metrics, strict=True):
+        # One busy thread: at most one core (however little the scheduler granted), and the
+        # machine ran at least that (its counters tick every 10 ms: a tolerance of 2 ticks).
+        assert 0.05 < cores <= 1.05 and machine >= cores - 0.07
+        assert per_example == pytest.approx(cores / (1000 / 0.3) * 1e6, rel=0.05)
+
+
+def test_streaming_rows_name_the_cores_and_cpu_per_example_when_measured():
+    from fullthrottle.bench.benchmarks.trainer import cpu_note
+
+    def cpu(cores, machine, per_example):
+        return {
+            "cores": {"median": cores},
+            "machine_cores": {"median": machine},
+            "cpu_us_per_example": {"median": per_example},
+        }
+
+    entry = {"cpu": {"streaming": cpu(1.1, 2.0, 4.6), "in_memory": cpu(1.0, 2.0, 2.7)}}
+    assert cpu_note(entry, "streaming") == (
+        "; cores 1.10 vs 1.00, CPU 4.60 vs 2.70 us/example, the machine's 2.00 cores busy"
+    )
+    assert cpu_note({}, "streaming") == ""  # a reading from before they were measured
 
 
 def result_files(result):

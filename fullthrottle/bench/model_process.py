@@ -336,13 +336,21 @@ def measure_streaming(data: Any, config: Any, sizes: TrainerSizes) -> dict[str, 
         "auto_cache_reason": why,
     }
     for batch_size, measured in rates.items():
+        # Cores (this process's and the machine's) and CPU per example of each window: a
+        # ratio measured while other processes held the cores is bounded by the share left.
+        cpu = {
+            name: {metric: describe(values) for metric, values in metrics.items()}
+            for name, metrics in measured["cpu"].items()
+        }
         out[f"b{batch_size}"] = {
             **ratio_entry(measured["samples"], "streaming", "in_memory"),
             "window_steps": measured["window_steps"],
+            "cpu": {name: cpu[name] for name in ("streaming", "in_memory")},
         }
-        out[f"b{batch_size}_prebatched"] = ratio_entry(
-            measured["samples"], "prebatched", "in_memory"
-        )
+        out[f"b{batch_size}_prebatched"] = {
+            **ratio_entry(measured["samples"], "prebatched", "in_memory"),
+            "cpu": {name: cpu[name] for name in ("prebatched", "in_memory")},
+        }
     reader_config = dataclasses.replace(config, cache=False, per_replica_batch_size=256)
     out["reader"] = _streaming_reader(big, reader_config, sizes)
     # The same reader on the pre-batched copies (`training.input_snapshot_dir`, written above

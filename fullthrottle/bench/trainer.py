@@ -391,6 +391,37 @@ def write_prebatched_copies(data: TrainingData, config: TrainingConfig) -> dict[
     }
 
 
+def machine_busy_seconds() -> float | None:
+    """CPU-seconds every process on this machine has run so far (Linux ``/proc/stat``: all
+    states but idle and I/O wait), or None where there is no ``/proc/stat``."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+CPU_METRICS = ("cores", "machine_cores", "cpu_us_per_example")
+
+
+def metered(window: Callable[[], float], into: dict[str, list[float]]) -> float:
+    """Runs ``window`` (returns examples/s) and appends its CPU use to ``into``: ``cores``, this
+    process's CPU-seconds (all threads) per wall second; ``machine_cores``, the same for every
+    process on the machine (what is left of the cores for this one); ``cpu_us_per_example``,
+    this process's CPU microseconds per example. On a shared machine a rate is bounded by the
+    cores the scheduler grants; CPU per example is not."""
+    machine, cpu, wall = machine_busy_seconds(), time.process_time(), time.perf_counter()
+    rate = window()
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    end = machine_busy_seconds()
+    into.setdefault("cores", []).append(cpu / wall)
+    into.setdefault("cpu_us_per_example", []).append(cpu / (rate * wall) * 1e6)
+    if machine is not None and end is not None:
+        into.setdefault("machine_cores", []).append((end - machine) / wall)
+    return rate
+
+
 def streaming_rates(
     data: TrainingData,
     config: TrainingConfig,
@@ -407,7 +438,10 @@ def streaming_rates(
     ``OurLoop.fresh_iterator``), so it is charged for reading all it trains on.
 
     ``prebatched_dir``: a third contender, the same loop streaming from pre-batched copies of
-    the files (``training.input_snapshot_dir`` there), written before the windows."""
+    the files (``training.input_snapshot_dir`` there), written before the windows.
+
+    Each batch size's ``cpu``: per contender, each window's :func:`metered` CPU use (its
+    ``measure`` part: the streaming windows' start-up is not in it)."""
     from fullthrottle.bench.measure import alternate
 
     out: dict[str, Any] = {}
@@ -423,14 +457,24 @@ def streaming_rates(
         memory.fill_cache()
         memory.measure(warm)
 
-        def streamed(loop: OurLoop = streaming, warm: int = warm, steps: int = steps) -> float:
+        cpu: dict[str, dict[str, list[float]]] = {}
+
+        def streamed(
+            loop: OurLoop = streaming,
+            name: str = "streaming",
+            warm: int = warm,
+            steps: int = steps,
+            cpu: dict[str, dict[str, list[float]]] = cpu,
+        ) -> float:
             loop.fresh_iterator()
             loop.measure(warm)
-            return loop.measure(steps)
+            return metered(lambda: loop.measure(steps), cpu.setdefault(name, {}))
 
         contenders = {
             "streaming": streamed,
-            "in_memory": lambda m=memory, n=steps: m.measure(n),
+            "in_memory": lambda m=memory, n=steps, c=cpu: metered(
+                lambda: m.measure(n), c.setdefault("in_memory", {})
+            ),
         }
         if prebatched_dir is not None:
             prebatched_config = dataclasses.replace(
@@ -439,9 +483,9 @@ def streaming_rates(
             write_prebatched_copies(data, prebatched_config)
             prebatched = OurLoop(data, prebatched_config, same_model_as=streaming)
             prebatched.measure(warm)
-            contenders["prebatched"] = lambda loop=prebatched: streamed(loop)
+            contenders["prebatched"] = lambda loop=prebatched: streamed(loop, "prebatched")
         samples = alternate(contenders, repeats=repeats, side_by_side=("streaming", "in_memory"))
-        out[str(batch_size)] = {"samples": samples, "window_steps": steps}
+        out[str(batch_size)] = {"samples": samples, "window_steps": steps, "cpu": cpu}
     return out
 
 

@@ -567,6 +567,26 @@ def copies_cost(
     return f"; with the {write:.1f} s write pass over {rows:,} rows: {over}{paid}"
 
 
+def cpu_note(entry: Mapping[str, Any], name: str) -> str:
+    """The cores ``name`` and the in-memory contender used (medians over their windows), the
+    whole machine's meanwhile, and their CPU per example; "" for a reading without them."""
+    cpu = entry.get("cpu") or {}
+    ours, memory = cpu.get(name), cpu.get("in_memory")
+    if not ours or not memory:
+        return ""
+
+    def median(values: Mapping[str, Any], metric: str) -> float | None:
+        return (values.get(metric) or {}).get("median")
+
+    note = (
+        f"; cores {median(ours, 'cores'):.2f} vs {median(memory, 'cores'):.2f}, "
+        f"CPU {median(ours, 'cpu_us_per_example'):.2f} vs "
+        f"{median(memory, 'cpu_us_per_example'):.2f} us/example"
+    )
+    machine = median(ours, "machine_cores")
+    return note + (f", the machine's {machine:.2f} cores busy" if machine is not None else "")
+
+
 def _streaming_rows(model: str, st: Mapping[str, Any], verdict: Verdict) -> list[str]:
     rows = []
     past = "past" if not st["auto_cache_would_cache"] else "NOT past"
@@ -578,7 +598,7 @@ def _streaming_rows(model: str, st: Mapping[str, Any], verdict: Verdict) -> list
                     f"{model}: streaming input efficiency, batch {size_} (`cache: false`, "
                     f"{st['rows']:,} generated rows in {st['files']} gzip files, "
                     f"{st['bytes'] / 1e6:,.0f} MB: {past} `cache: auto`'s line; fresh "
-                    f"pipeline per window / in-memory batches)",
+                    f"pipeline per window / in-memory batches{cpu_note(e, 'streaming')})",
                     e,
                     verdict(f"{model}_streaming_b{size_}"),
                 )
@@ -589,7 +609,7 @@ def _streaming_rows(model: str, st: Mapping[str, Any], verdict: Verdict) -> list
                 ratio_row(
                     f"{model}: the same, streaming from pre-batched copies "
                     f"(`training.input_snapshot_dir`) / in-memory batches, batch {size_}"
-                    f"{copies_cost(st, e, es)}",
+                    f"{copies_cost(st, e, es)}{cpu_note(es, 'prebatched')}",
                     es,
                     verdict(f"{model}_streaming_prebatched_b{size_}"),
                 )

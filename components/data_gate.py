@@ -26,8 +26,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from tfx import v1 as tfx
+from tfx.dsl.component.experimental.annotations import InputArtifact, OutputArtifact, Parameter
+from tfx.dsl.component.experimental.decorators import component
 from tfx.dsl.io import fileio
+from tfx.types import standard_artifacts
 
 from fullthrottle.core.data_checks import Finding, gate_findings, report
 from fullthrottle.core.errors import DataError
@@ -223,11 +225,11 @@ def file_digest(path: str) -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-@tfx.dsl.components.component
+@component
 def ImportSchema(  # noqa: N802 - TFX names the component (and its node id) after the function
-    schema: tfx.dsl.components.OutputArtifact[tfx.types.standard_artifacts.Schema],
-    schema_file: tfx.dsl.components.Parameter[str],
-    schema_digest: tfx.dsl.components.Parameter[str],
+    schema: OutputArtifact[standard_artifacts.Schema],
+    schema_file: Parameter[str],
+    schema_digest: Parameter[str],
 ) -> None:
     """Imports a curated schema.pbtxt; refuses a file that changed since the pipeline was built.
 
@@ -251,15 +253,15 @@ def ImportSchema(  # noqa: N802 - TFX names the component (and its node id) afte
         f.write(text_format.MessageToString(parsed))
 
 
-@tfx.dsl.components.component
+@component
 def DataGate(  # noqa: N802 - TFX names the component (and its node id) after the function
-    anomalies: tfx.dsl.components.InputArtifact[tfx.types.standard_artifacts.ExampleAnomalies],
-    schema: tfx.dsl.components.InputArtifact[tfx.types.standard_artifacts.Schema],
-    validated_schema: tfx.dsl.components.OutputArtifact[tfx.types.standard_artifacts.Schema],
-    input_files: tfx.dsl.components.Parameter[str],
-    schema_source: tfx.dsl.components.Parameter[str],
-    input_base: tfx.dsl.components.Parameter[str],
-    data_spec: tfx.dsl.components.Parameter[str],
+    anomalies: InputArtifact[standard_artifacts.ExampleAnomalies],
+    schema: InputArtifact[standard_artifacts.Schema],
+    validated_schema: OutputArtifact[standard_artifacts.Schema],
+    input_files: Parameter[str],
+    schema_source: Parameter[str],
+    input_base: Parameter[str],
+    data_spec: Parameter[str],
 ) -> None:
     """Fails with `DataGateError` when there are anomalies or cells that need a decision
     (`data_spec`: the `DataSpec` as JSON; `input_base`: what ExampleGen read); otherwise

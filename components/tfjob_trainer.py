@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, override
 
-from tfx import v1 as tfx
+from tfx.components import Trainer
 from tfx.components.trainer import executor as trainer_executor
 from tfx.components.util import udf_utils
 from tfx.dsl.components.base import base_executor, executor_spec
@@ -85,7 +85,7 @@ def tfjob_trainer(
     *, tfjob: Mapping[str, Any], custom_config: Mapping[str, Any] | None = None, **trainer_args: Any
 ) -> Any:
     """`tfx.components.Trainer(**trainer_args)` whose execution is a TFJob described by `tfjob`."""
-    return tfx.components.Trainer(
+    return Trainer(
         custom_executor_spec=executor_spec.ExecutorClassSpec(TFJobExecutor),
         custom_config={**(custom_config or {}), TFJOB_KEY: dict(tfjob)},
         **trainer_args,

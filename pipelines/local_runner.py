@@ -11,7 +11,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tfx import v1 as tfx
+from tfx.orchestration.local.local_dag_runner import LocalDagRunner
+from tfx.orchestration.metadata import sqlite_metadata_connection_config
+from tfx.orchestration.pipeline import Pipeline
 
 from fullthrottle.core.config import BeamConfig, Config
 from fullthrottle.core.scratch import scratch_tempdir
@@ -39,7 +41,7 @@ def beam_pipeline_args(beam: BeamConfig) -> list[str]:
     return args
 
 
-def run_pipeline(pipeline: tfx.dsl.Pipeline) -> None:
+def run_pipeline(pipeline: Pipeline) -> None:
     """`LocalDagRunner().run(pipeline)` with Python's temp folder pointed at a scratch folder
     that is removed after the run. What TFX and Beam make in temp folders and do not delete
     stays there: Beam's job-server and pipeline folders, TFX executors' temp folders (13 empty
@@ -48,7 +50,7 @@ def run_pipeline(pipeline: tfx.dsl.Pipeline) -> None:
     (see `beam_pipeline_args`; ~50 MB each: 3,900 of them, 67 GB, had filled this machine's
     disk)."""
     with scratch_tempdir(prefix="fullthrottle-run-"):
-        tfx.orchestration.LocalDagRunner().run(pipeline)
+        LocalDagRunner().run(pipeline)
 
 
 def build_local_pipeline(
@@ -57,7 +59,7 @@ def build_local_pipeline(
     input_base: str,
     extra_beam_args: Sequence[str] = (),
     trainer_tracking: Mapping[str, Any] | None = None,
-) -> tfx.dsl.Pipeline:
+) -> Pipeline:
     config.mlmd_path.parent.mkdir(parents=True, exist_ok=True)
     config.serving_dir.mkdir(parents=True, exist_ok=True)
     return create_pipeline(
@@ -65,9 +67,7 @@ def build_local_pipeline(
         input_base=input_base,
         pipeline_root=str(config.pipeline_root),
         serving_dir=str(config.serving_dir),
-        metadata_connection_config=tfx.orchestration.metadata.sqlite_metadata_connection_config(
-            str(config.mlmd_path)
-        ),
+        metadata_connection_config=sqlite_metadata_connection_config(str(config.mlmd_path)),
         beam_pipeline_args=[*beam_pipeline_args(config.beam), *extra_beam_args],
         trainer_tracking=trainer_tracking,
     )

@@ -21,7 +21,27 @@ from typing import Any
 
 import numpy as np
 import tensorflow_model_analysis as tfma
-from tfx import v1 as tfx
+
+# TFX's modules, not its `tfx.v1` facade: importing that loads Google Cloud's AI Platform SDK
+# (its extensions), 2-3 s of every process that builds the pipeline.
+from tfx.components import (
+    Evaluator,
+    ExampleValidator,
+    ImportExampleGen,
+    SchemaGen,
+    StatisticsGen,
+    Trainer,
+    Transform,
+)
+from tfx.dsl.components.common.resolver import Resolver
+from tfx.dsl.experimental.conditionals.conditional import Cond
+from tfx.dsl.input_resolution.strategies.latest_blessed_model_strategy import (
+    LatestBlessedModelStrategy,
+)
+from tfx.orchestration.pipeline import Pipeline
+from tfx.proto import example_gen_pb2, trainer_pb2
+from tfx.types import standard_artifacts
+from tfx.types.channel import Channel
 
 from components.arrow_example_gen import example_gen as arrow_example_gen
 from components.data_gate import DataGate, ImportSchema, describe_inputs, file_digest
@@ -169,7 +189,7 @@ def create_pipeline(
     project_root: str | None = None,
     trainer_tracking: Mapping[str, Any] | None = None,
     resolve_baseline: bool = True,
-) -> tfx.dsl.Pipeline:
+) -> Pipeline:
     """Builds the whole pipeline from a validated config; reads nothing, runs nothing.
 
     The Evaluator compares the candidate with the latest blessed model of this pipeline (TFX's
@@ -185,19 +205,23 @@ def create_pipeline(
     here (a container image's copy, for Kubeflow): paths of files it ships, such as the curated
     schema, are rewritten under it.
 
-    `trainer_factory` takes `tfx.components.Trainer`'s arguments and returns the Trainer node
+    `trainer_factory` takes `Trainer`'s arguments and returns the Trainer node
     (same inputs and outputs), so a runner can swap how training executes, not the wiring.
     """
     spec = config.data
     if spec.format == "tfrecord":
         # Split by hash buckets; staging has checked that every class keeps a record in train.
-        example_gen = tfx.components.ImportExampleGen(
+        example_gen = ImportExampleGen(
             input_base=input_base,
-            output_config=tfx.proto.Output(
-                split_config=tfx.proto.SplitConfig(
+            output_config=example_gen_pb2.Output(
+                split_config=example_gen_pb2.SplitConfig(
                     splits=[
-                        tfx.proto.SplitConfig.Split(name="train", hash_buckets=spec.train_buckets),
-                        tfx.proto.SplitConfig.Split(name="eval", hash_buckets=spec.eval_buckets),
+                        example_gen_pb2.SplitConfig.Split(
+                            name="train", hash_buckets=spec.train_buckets
+                        ),
+                        example_gen_pb2.SplitConfig.Split(
+                            name="eval", hash_buckets=spec.eval_buckets
+                        ),
                     ]
                 )
             ),
@@ -209,12 +233,14 @@ def create_pipeline(
         # (components/arrow_example_gen.py).
         example_gen = arrow_example_gen(
             input_base=input_base,
-            input_config=tfx.proto.Input(
-                splits=[tfx.proto.Input.Split(name=name, pattern=f"{name}/*") for name in SPLITS]
+            input_config=example_gen_pb2.Input(
+                splits=[
+                    example_gen_pb2.Input.Split(name=name, pattern=f"{name}/*") for name in SPLITS
+                ]
             ),
         )
 
-    statistics_gen = tfx.components.StatisticsGen(examples=example_gen.outputs["examples"])
+    statistics_gen = StatisticsGen(examples=example_gen.outputs["examples"])
     schema_path = schema_path_for(spec)
     if schema_path:
         # Not ImportSchemaGen: its cache key is the path only, so an edited schema went unseen.
@@ -223,10 +249,10 @@ def create_pipeline(
             schema_digest=file_digest(schema_path),
         )
     else:
-        schema_gen = tfx.components.SchemaGen(
+        schema_gen = SchemaGen(
             statistics=statistics_gen.outputs["statistics"], infer_feature_shape=True
         )
-    example_validator = tfx.components.ExampleValidator(
+    example_validator = ExampleValidator(
         statistics=statistics_gen.outputs["statistics"], schema=schema_gen.outputs["schema"]
     )
     # Anomalies stop the run here. Transform and Trainer read the gate's validated schema, so
@@ -246,7 +272,7 @@ def create_pipeline(
     validated_schema = data_gate.outputs["validated_schema"]
 
     fingerprint = code_fingerprint(TRAINER_CODE)
-    transform = tfx.components.Transform(
+    transform = Transform(
         examples=example_gen.outputs["examples"],
         schema=validated_schema,
         preprocessing_fn=PREPROCESSING_FN,
@@ -257,15 +283,15 @@ def create_pipeline(
         disable_analyzer_cache=True,
         custom_config={"data": data_config, "code_fingerprint": code_fingerprint(TRANSFORM_CODE)},
     )
-    trainer = (trainer_factory or tfx.components.Trainer)(
+    trainer = (trainer_factory or Trainer)(
         run_fn=RUN_FN,
         examples=transform.outputs["transformed_examples"],
         transform_graph=transform.outputs["transform_graph"],
         schema=validated_schema,
         # Step counts travel in TFX's own train/eval args (what the Kubeflow UI shows), the rest
         # of the training config in custom_config: each value by one channel.
-        train_args=tfx.proto.TrainArgs(num_steps=config.training.train_steps),
-        eval_args=tfx.proto.EvalArgs(num_steps=config.training.eval_steps or 0),
+        train_args=trainer_pb2.TrainArgs(num_steps=config.training.train_steps),
+        eval_args=trainer_pb2.EvalArgs(num_steps=config.training.eval_steps or 0),
         custom_config={
             "data": data_config,
             "training": {
@@ -279,22 +305,22 @@ def create_pipeline(
     )
     compare = resolve_baseline and config.evaluation.baseline == LATEST_BLESSED
     baseline_resolver = (
-        tfx.dsl.Resolver(
-            strategy_class=tfx.dsl.experimental.LatestBlessedModelStrategy,
-            model=tfx.dsl.Channel(type=tfx.types.standard_artifacts.Model),
-            model_blessing=tfx.dsl.Channel(type=tfx.types.standard_artifacts.ModelBlessing),
+        Resolver(
+            strategy_class=LatestBlessedModelStrategy,
+            model=Channel(type=standard_artifacts.Model),
+            model_blessing=Channel(type=standard_artifacts.ModelBlessing),
         ).with_id(BASELINE_RESOLVER)
         if compare
         else None
     )
-    evaluator = tfx.components.Evaluator(
+    evaluator = Evaluator(
         examples=example_gen.outputs["examples"],
         model=trainer.outputs["model"],
         baseline_model=baseline_resolver.outputs["model"] if baseline_resolver else None,
         eval_config=eval_config(config, with_baseline=compare),
     )
     # SafePusher publishes complete version folders with warmup records, only when blessed.
-    with tfx.dsl.Cond(evaluator.outputs["blessing"].future()[0].custom_property("blessed") == 1):
+    with Cond(evaluator.outputs["blessing"].future()[0].custom_property("blessed") == 1):
         pusher = SafePusher(
             model=trainer.outputs["model"],
             model_blessing=evaluator.outputs["blessing"],
@@ -305,7 +331,7 @@ def create_pipeline(
             serving=config.serving,
         ).with_id("Pusher")
 
-    return tfx.dsl.Pipeline(
+    return Pipeline(
         pipeline_name=config.pipeline_name,
         pipeline_root=pipeline_root,
         components=[

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,8 +14,9 @@ from fullthrottle.core.redact import REDACTED, redact_text
 from fullthrottle.tracking.channel import Channel, MetricSender
 from fullthrottle.tracking.hook import CpuMeter, Journal
 from fullthrottle.tracking.pipeline_run import config_params, run_key
+from fullthrottle.tracking.store import seed_sqlite_store
 from tests.helpers import gpu_set_installed
-from tests.tracking_server import free_port
+from tests.tracking_server import free_port, new_sqlite_store
 from trainer_module.training import RunFacts
 
 
@@ -150,7 +152,7 @@ def test_a_journal_on_an_object_store_is_written_when_persisted(tmp_path):
 def test_sender_holds_points_for_its_interval_and_a_flush_sends_them_at_once(tmp_path):
     from mlflow.entities import Metric
 
-    channel = Channel(f"sqlite:///{tmp_path / 'mlflow.db'}", retries=0, backoff_seconds=0.1)
+    channel = Channel(new_sqlite_store(tmp_path), retries=0, backoff_seconds=0.1)
     experiment = channel.client.create_experiment("sender")
     run_id = channel.client.create_run(experiment).info.run_id
     requests = []
@@ -214,7 +216,7 @@ def test_fast_loops_become_points_of_equal_step_spans_exactly_once_across_a_kill
     from fullthrottle.bench.tracked import link_for_new_run
     from fullthrottle.tracking.hook import MlflowTrainingHook
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_sqlite_store(tmp_path)
     link = dataclasses.replace(
         link_for_new_run(uri, status_dir=str(tmp_path), system_metrics_interval_seconds=0),
         metrics_interval_seconds=0.0,
@@ -312,7 +314,7 @@ def test_the_trainer_joins_the_newest_pipeline_run_of_its_pipeline_or_makes_one(
     from fullthrottle.tracking.names import ATTACHED_AT_TAG, CREATED_BY_TAG, PIPELINE_KEY_TAG
     from fullthrottle.tracking.store import TrainerLink
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_sqlite_store(tmp_path)
     link = TrainerLink(
         uri=uri,
         experiment="pipes",
@@ -385,7 +387,7 @@ def test_a_stopped_trainer_is_killed_in_mlflow_and_its_retry_continues_both_runs
     from fullthrottle.tracking.names import INTERRUPTED_AT_TAG
     from fullthrottle.tracking.store import TrainerLink
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_sqlite_store(tmp_path)
     link = TrainerLink(
         uri=uri,
         experiment="pipes",
@@ -454,7 +456,7 @@ def test_without_a_gpu_the_trainer_run_says_why_and_cpu_and_memory_metrics_still
     from fullthrottle.bench.tracked import link_for_new_run
     from fullthrottle.tracking.hook import GPU_METRICS_TAG, MlflowTrainingHook
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_sqlite_store(tmp_path)
     link = dataclasses.replace(
         link_for_new_run(uri, status_dir=str(tmp_path), system_metrics_interval_seconds=0.2),
         metrics_interval_seconds=0.0,
@@ -543,3 +545,43 @@ def test_a_scoped_tracking_uri_leaves_an_unset_uri_unset(tmp_path, monkeypatch):
         assert mlflow.get_tracking_uri() == f"sqlite:///{tmp_path / 'b.db'}"
     finally:
         mlflow.set_tracking_uri(None)
+
+
+def test_a_new_store_is_a_copy_of_an_empty_mlflow_store_and_an_existing_file_is_kept(tmp_path):
+    """A run's first store is a copy of an empty one made by this MLflow: at MLflow's newest
+    schema (MLflow opens it without migrating), its Default experiment in the store's own
+    artifact folder, one file per store; a file already there is never replaced."""
+    import sqlite3
+
+    from mlflow.store.db.utils import _get_latest_schema_revision
+    from mlflow.tracking import MlflowClient
+
+    from fullthrottle.tracking.store import embedded_destination, prepare_store
+
+    stores = [embedded_destination(tmp_path / name) for name in ("first", "second")]
+    for destination in stores:
+        prepare_store(destination)
+        database = destination.uri.removeprefix("sqlite:///")
+        with sqlite3.connect(database) as connection:
+            (revision,) = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+        assert revision == _get_latest_schema_revision()
+    first = MlflowClient(stores[0].uri, stores[0].uri)
+    assert [(e.experiment_id, e.artifact_location) for e in first.search_experiments()] == [
+        ("0", f"{stores[0].artifact_root}/0")
+    ]
+    run = first.create_run(first.create_experiment("kept", stores[0].artifact_root))
+    first.log_metric(run.info.run_id, "loss", 0.5)
+    first.create_registered_model("model")
+    second = MlflowClient(stores[1].uri, stores[1].uri)
+    assert [e.name for e in second.search_experiments()] == ["Default"]
+    assert second.search_registered_models() == []
+    # An existing store (with its run) and a file that is not a store stay byte for byte.
+    written = Path(stores[0].uri.removeprefix("sqlite:///")).read_bytes()
+    prepare_store(stores[0])
+    assert Path(stores[0].uri.removeprefix("sqlite:///")).read_bytes() == written
+    other = tmp_path / "other" / "mlflow.db"
+    other.parent.mkdir()
+    other.write_bytes(b"not a store")
+    seed_sqlite_store(other, None)
+    assert other.read_bytes() == b"not a store"
+    assert sorted(p.name for p in other.parent.iterdir()) == ["mlflow.db"]  # no partial copy left

@@ -15,11 +15,20 @@ import time
 import urllib.request
 from pathlib import Path
 
+from fullthrottle.tracking.store import seed_sqlite_store
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def new_sqlite_store(folder: Path) -> str:
+    """The URI of a new SQLite store `folder/mlflow.db`, made as a fullthrottle run makes its
+    own (a copy of an empty store, see `seed_sqlite_store`)."""
+    seed_sqlite_store(folder / "mlflow.db", (folder / "artifacts").as_uri())
+    return f"sqlite:///{folder / 'mlflow.db'}"
 
 
 class MlflowServer:
@@ -29,6 +38,9 @@ class MlflowServer:
         self.uri = f"http://127.0.0.1:{self.port}"
         root.mkdir(parents=True, exist_ok=True)
         (root / "tmp").mkdir(exist_ok=True)
+        # As a fullthrottle run starts its own store: a copy of an empty one, not MLflow's
+        # migrations (the server's default artifact root is its proxy, `mlflow-artifacts:/`).
+        seed_sqlite_store(root / "mlflow.db", "mlflow-artifacts:/")
         self._log = open(root / "server.log", "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.core.config import BeamConfig, Config, DataSpec, TextColumn, load_config
+from fullthrottle.core.paths import user_cache_dir
 from trainer_module.training import ModelInputs, TrainingConfig
 
 # The Transformer benchmark's shape: BERT-mini's width (d_model 256, 4 heads, FFN 1024; Turc et
@@ -132,8 +133,7 @@ def write_tabular_csv(path: Path, rows: int, *, seed: int = 0) -> Path:
 
 def streaming_cache_dir() -> Path:
     """Where generated streaming data is kept between benchmark runs (it takes minutes)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fullthrottle" / "bench-streaming"
+    return user_cache_dir() / "bench-streaming"
 
 
 def streaming_tabular_data(

@@ -72,3 +72,10 @@ def missing_path_message(path: str | Path, what: str, hint: str) -> str:
     if reason is not None:
         return f"{what} {path} cannot be reached: {reason}"
     return f"{what} {path} does not exist{hint}"
+
+
+def user_cache_dir() -> Path:
+    """fullthrottle's folder in the user's cache (``$XDG_CACHE_HOME``, else ``~/.cache``): what
+    is made once and reused between runs (generated benchmark data, an empty tracking store)."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fullthrottle"

@@ -20,6 +20,10 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
+import sqlite3
+import tempfile
+import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fullthrottle.core.config import Config
+from fullthrottle.core.paths import user_cache_dir
 
 STORE_DIR = "mlflow"
 # The Trainer's custom_config key holding its link (a JSON object of `TrainerLink`'s fields).
@@ -67,9 +72,62 @@ def resolve_destination(config: Config, environ: Any = None) -> Destination:
 
 
 def prepare_store(destination: Destination) -> None:
-    """Creates the embedded store's folder (SQLite creates the file, not its parents)."""
+    """Creates the embedded store's folder (SQLite creates the file, not its parents) and, when
+    the store does not exist yet, the store itself from an empty one (`seed_sqlite_store`)."""
     if destination.embedded:
-        Path(destination.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        database = Path(destination.uri.removeprefix("sqlite:///"))
+        database.parent.mkdir(parents=True, exist_ok=True)
+        seed_sqlite_store(database, destination.artifact_root)
+
+
+def seed_sqlite_store(database: Path, artifact_root: str | None) -> None:
+    """Makes `database`, when it does not exist, a copy of an empty MLflow store of this MLflow
+    version: MLflow creates a new SQLite store by running each of its schema migrations, seconds
+    of every first run in a folder (and of every tracking server on a new store), while a copy
+    takes milliseconds. The empty store is made once, by MLflow itself, in the user's cache
+    (`user_cache_dir`); its Default experiment (id 0) gets this store's artifact folder (when
+    MLflow creates a store, it is the working directory's `mlruns/0`). An existing file is
+    never replaced; without a writable cache, MLflow creates the store as usual."""
+    if database.exists():
+        return
+    try:
+        template = _empty_store()
+    except (OSError, sqlite3.Error):
+        return
+    partial = database.with_name(f".{database.name}.{os.getpid()}.partial")
+    try:
+        shutil.copyfile(template, partial)
+        now = int(time.time() * 1000)
+        with contextlib.closing(sqlite3.connect(partial)) as connection, connection:
+            connection.execute(
+                "UPDATE experiments SET artifact_location = ?, creation_time = ?, "
+                "last_update_time = ? WHERE experiment_id = 0",
+                (f"{artifact_root.rstrip('/')}/0" if artifact_root else None, now, now),
+            )
+        os.link(partial, database)  # fails if another process made the store meanwhile
+    except FileExistsError:
+        pass
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _empty_store() -> Path:
+    """The empty store of this MLflow version in the user's cache, made by MLflow on first use
+    (in a temporary file renamed into place: concurrent first uses each make a complete one)."""
+    from importlib.metadata import version
+
+    template = user_cache_dir() / f"mlflow-{version('mlflow')}-empty-store.db"
+    if template.exists():
+        return template
+    template.parent.mkdir(parents=True, exist_ok=True)
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    with tempfile.TemporaryDirectory(dir=template.parent) as folder:
+        made = Path(folder) / template.name
+        store = SqlAlchemyStore(f"sqlite:///{made}", Path(folder, "artifacts").as_uri())
+        store.engine.dispose()
+        os.replace(made, template)
+    return template
 
 
 def bound_http_requests(request_timeout_seconds: float) -> None:

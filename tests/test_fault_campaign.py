@@ -496,6 +496,9 @@ def _calibrate_push(c: Campaign, run: PipelineProcess, scratch: Path) -> None:
     c.note(f"one push of this model took {c.push_seconds:.2f} s in the test process")
 
 
+_PUSHER_COMPLETE = re.compile(r"\[pipeline\] Pusher\s+complete")
+
+
 def _kill_during_pusher(c: Campaign, rng: random.Random, scratch: Path) -> None:
     """Random kills inside the Pusher's execution, then one right after a version appears.
 
@@ -543,9 +546,16 @@ def _kill_during_pusher(c: Campaign, rng: random.Random, scratch: Path) -> None:
             )
             # Measured from the creation of the Pusher's output folder (wall clock, as ctime is).
             # A moment past the publish becomes "right after the publish" (1 ms polls): a kill
-            # after TFX recorded the push would leave nothing to interrupt in later runs.
+            # after TFX recorded the push would leave nothing to interrupt in later runs. One
+            # past the Pusher's end (a rerun that records an existing version publishes nothing)
+            # becomes "right after the Pusher completed", while the run still tracks: later, the
+            # run would have finished the campaign's parent run, and the next would start another.
             delay = rng.uniform(0.0, PUSHER_WINDOW_MARGIN * c.push_seconds)
-            while time.time() < started_at + delay and len(_versions(c)) == len(versions_before):
+            while (
+                time.time() < started_at + delay
+                and len(_versions(c)) == len(versions_before)
+                and not any(_PUSHER_COMPLETE.search(line) for line in list(run.lines))
+            ):
                 time.sleep(0.001)
         run.kill()
         c.ended(run)

@@ -457,23 +457,40 @@ def gate_findings(
     the schema's type per column. A numeric column with a cell that is not a plain number, or
     typed as text, would fail in Transform; near-duplicate labels would train as extra classes.
     """
+    return report_findings(
+        numbers={column: inspect_numbers(column, cells.get(column, ())) for column in numeric},
+        labels=inspect_labels(label, cells.get(label, ())),
+        label_mode=label_mode,
+        types=types,
+    )
+
+
+def report_findings(
+    *,
+    numbers: Mapping[str, NumberReport],
+    labels: LabelReport,
+    label_mode: str,
+    types: Mapping[str, str],
+) -> list[Finding]:
+    """`gate_findings` from the reports of the cells (for a caller that reads them once, row
+    by row): `numbers` per numeric column, in order, `labels` of the label column."""
     findings = []
-    for column in numeric:
-        numbers = inspect_numbers(column, cells.get(column, ()))
+    label = labels.column
+    for column, column_numbers in numbers.items():
         if column == label:  # a regression label, checked as a number
             where = "`data.label`"
             hint = "Or, if the label holds classes, set `data.task: classification`."
         else:
             where = "`data.numeric`"
             hint = "Or, if the column holds categories, list it under `data.categorical`."
-        finding = numbers.finding(where=where, categorical_hint=f"{hint} ({STAGING_NOTE})")
+        finding = column_numbers.finding(where=where, categorical_hint=f"{hint} ({STAGING_NOTE})")
         if finding is None:
             finding = next(iter(type_findings([column], types)), None)
         if finding is not None:
             findings.append(finding)
-    labels = inspect_labels(label, cells.get(label, ())).finding(mode=label_mode)
-    if labels is not None:
-        findings.append(labels)
+    label_finding = labels.finding(mode=label_mode)
+    if label_finding is not None:
+        findings.append(label_finding)
     return findings
 
 

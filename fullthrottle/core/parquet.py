@@ -19,7 +19,6 @@ and last four bytes are not `PAR1`) or holds no rows is refused by name.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any

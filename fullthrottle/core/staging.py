@@ -18,12 +18,12 @@ import codecs
 import csv
 import filecmp
 import gzip
-import io
 import os
 import re
 import shutil
 import zlib
 from array import array
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -696,7 +696,7 @@ def _scan_tfrecords(files: list[Path], spec: DataSpec) -> SplitSummary:
     each label value in the split ExampleGen's hash buckets give its record."""
     import tensorflow as tf
 
-    pairs: list[tuple[str, str]] = []
+    pairs: Counter[tuple[str, str]] = Counter()
     for path in files:
         with open(path, "rb") as f:
             compression = "GZIP" if f.read(2) == b"\x1f\x8b" else ""
@@ -709,7 +709,7 @@ def _scan_tfrecords(files: list[Path], spec: DataSpec) -> SplitSummary:
                     record, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
                 )
                 value = "all" if spec.task == "regression" else _first_value(features, spec.label)
-                pairs.append((value, split))
+                pairs[value, split] += 1
                 count += 1
         except Exception as exc:  # noqa: BLE001 - DataLossError and friends: all mean a damaged file
             detail = (
@@ -723,7 +723,10 @@ def _scan_tfrecords(files: list[Path], spec: DataSpec) -> SplitSummary:
         if count == 0:
             raise DataError(f"{path} holds no records; remove it from the data folder")
     return SplitSummary.count(
-        method=HASH_BUCKETS, label=spec.label, pairs=pairs, classes=spec.task != "regression"
+        method=HASH_BUCKETS,
+        label=spec.label,
+        pairs=(pair for pair, count in pairs.items() for _ in range(count)),
+        classes=spec.task != "regression",
     )
 
 
@@ -797,7 +800,8 @@ def _prepare_tfrecord(spec: DataSpec, files: list[Path]) -> PreparedData:
     import tensorflow as tf
 
     first = files[0]
-    data = first.read_bytes()
+    with first.open("rb") as f:  # enough to tell a small damaged gzip file
+        data = f.read((1 << 20) + 1)
     if not data:
         raise DataError(f"{first} is empty: a TFRecord file needs at least one record")
     compression = "GZIP" if data[:2] == b"\x1f\x8b" else None
@@ -849,7 +853,20 @@ def prepare_data(config: Config) -> PreparedData:
 def read_input_cells(
     input_base: str, *, data_format: str, columns: list[str]
 ) -> dict[str, list[tuple[str, str]]]:
-    """`(place, cell)` pairs of `columns` in the data ExampleGen read from `input_base`.
+    """`(place, cell)` pairs of `columns` in the data ExampleGen read from `input_base`, as
+    `input_rows` reads them."""
+    cells: dict[str, list[tuple[str, str]]] = {column: [] for column in columns}
+    for place, values in input_rows(input_base, data_format=data_format, columns=columns):
+        for column in columns:
+            cells[column].append((place, values[column]))
+    return cells
+
+
+def input_rows(
+    input_base: str, *, data_format: str, columns: list[str]
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """`(place, column -> cell)` for each row of the data ExampleGen read from `input_base`,
+    one file (a Parquet file `_BATCH` rows) at a time.
 
     For the DataGate, on any runner (tf.io.gfile reads local paths and object stores alike).
     CSV: every file of the split folders ExampleGen reads (`train/`, `eval/`), its header split
@@ -872,12 +889,9 @@ def read_input_cells(
         for path in sorted(tf.io.gfile.glob(os.path.join(folder, "*")))
         if not os.path.basename(path).startswith(".") and not tf.io.gfile.isdir(path)
     ]
-    cells: dict[str, list[tuple[str, str]]] = {column: [] for column in columns}
     for name, path in files:
         if data_format == "parquet":
-            for place, values in _parquet_cells(path, name, columns):
-                for column in columns:
-                    cells[column].append((place, values[column]))
+            yield from _parquet_cells(path, name, columns)
             continue
         if data_format == "csv":
             with tf.io.gfile.GFile(path, "r") as f:
@@ -887,8 +901,10 @@ def read_input_cells(
                 for row in reader:
                     if row and any(cell.strip() for cell in row) and len(row) == len(header):
                         values = dict(zip(header, row, strict=True))
-                        for column in columns:
-                            cells[column].append((f"{name} line {line}", values.get(column, "")))
+                        yield (
+                            f"{name} line {line}",
+                            {column: values.get(column, "") for column in columns},
+                        )
                     line = reader.line_num + 2
             continue
         with tf.io.gfile.GFile(path, "rb") as f:
@@ -896,9 +912,10 @@ def read_input_cells(
         dataset = tf.data.TFRecordDataset([path], compression_type=compression)
         for number, record in enumerate(dataset.as_numpy_iterator(), start=1):
             features = tf.train.Example.FromString(record).features.feature
-            for column in columns:
-                cells[column].append((f"{name} record {number}", _first_value(features, column)))
-    return cells
+            yield (
+                f"{name} record {number}",
+                {column: _first_value(features, column) for column in columns},
+            )
 
 
 def input_label_splits(
@@ -922,7 +939,7 @@ def input_label_splits(
         )
     import tensorflow as tf
 
-    pairs = []
+    pairs: Counter[tuple[str, str]] = Counter()
     for path in sorted(tf.io.gfile.glob(os.path.join(input_base, "*"))):
         if os.path.basename(path).startswith(".") or tf.io.gfile.isdir(path):
             continue
@@ -934,29 +951,36 @@ def input_label_splits(
             split = hash_split(
                 record, train_buckets=spec.train_buckets, eval_buckets=spec.eval_buckets
             )
-            pairs.append((_first_value(features, spec.label), split))
-    return SplitSummary.count(method=HASH_BUCKETS, label=spec.label, pairs=pairs)
+            pairs[_first_value(features, spec.label), split] += 1
+    return SplitSummary.count(
+        method=HASH_BUCKETS,
+        label=spec.label,
+        pairs=(pair for pair, count in pairs.items() for _ in range(count)),
+    )
 
 
-def _parquet_cells(path: str, name: str, columns: list[str]) -> list[tuple[str, dict[str, str]]]:
-    """("train/data.parquet row 7", column -> cell text) for each row of a Parquet file; a
-    column the file lacks is "" throughout."""
+def _parquet_cells(
+    path: str, name: str, columns: list[str]
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """("train/data.parquet row 7", column -> cell text) for each row of a Parquet file, read
+    `_BATCH` rows at a time; a column the file lacks is "" throughout."""
     import pyarrow.parquet as pq
     import tensorflow as tf
 
     from fullthrottle.core.parquet import cell_text
 
     with tf.io.gfile.GFile(path, "rb") as f:
-        table = pq.read_table(io.BytesIO(f.read()))
-    present = [c for c in columns if c in table.column_names]
-    data = table.select(present).to_pydict()
-    return [
-        (
-            f"{name} row {number}",
-            {c: cell_text(data[c][number - 1]) if c in data else "" for c in columns},
-        )
-        for number in range(1, table.num_rows + 1)
-    ]
+        parquet_file = pq.ParquetFile(f)
+        present = [c for c in columns if c in parquet_file.schema_arrow.names]
+        number = 1
+        for batch in parquet_file.iter_batches(batch_size=_BATCH, columns=present):
+            data = {c: batch.column(c).to_pylist() for c in present}
+            for offset in range(batch.num_rows):
+                yield (
+                    f"{name} row {number + offset}",
+                    {c: cell_text(data[c][offset]) if c in data else "" for c in columns},
+                )
+            number += batch.num_rows
 
 
 def _first_value(features: object, column: str) -> str:

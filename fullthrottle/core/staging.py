@@ -18,6 +18,7 @@ import codecs
 import csv
 import filecmp
 import gzip
+import io
 import os
 import re
 import shutil
@@ -963,24 +964,29 @@ def _parquet_cells(
     path: str, name: str, columns: list[str]
 ) -> Iterator[tuple[str, dict[str, str]]]:
     """("train/data.parquet row 7", column -> cell text) for each row of a Parquet file, read
-    `_BATCH` rows at a time; a column the file lacks is "" throughout."""
+    `_BATCH` rows at a time (a local file; one in an object store is fetched whole); a column
+    the file lacks is "" throughout."""
     import pyarrow.parquet as pq
     import tensorflow as tf
 
     from fullthrottle.core.parquet import cell_text
 
-    with tf.io.gfile.GFile(path, "rb") as f:
-        parquet_file = pq.ParquetFile(f)
-        present = [c for c in columns if c in parquet_file.schema_arrow.names]
-        number = 1
-        for batch in parquet_file.iter_batches(batch_size=_BATCH, columns=present):
-            data = {c: batch.column(c).to_pylist() for c in present}
-            for offset in range(batch.num_rows):
-                yield (
-                    f"{name} row {number + offset}",
-                    {c: cell_text(data[c][offset]) if c in data else "" for c in columns},
-                )
-            number += batch.num_rows
+    if "://" in path:  # an object store: the file's bytes, through tf.io.gfile
+        with tf.io.gfile.GFile(path, "rb") as f:
+            source: Any = io.BytesIO(f.read())
+    else:
+        source = path
+    parquet_file = pq.ParquetFile(source)
+    present = [c for c in columns if c in parquet_file.schema_arrow.names]
+    number = 1
+    for batch in parquet_file.iter_batches(batch_size=_BATCH, columns=present):
+        data = {c: batch.column(c).to_pylist() for c in present}
+        for offset in range(batch.num_rows):
+            yield (
+                f"{name} row {number + offset}",
+                {c: cell_text(data[c][offset]) if c in data else "" for c in columns},
+            )
+        number += batch.num_rows
 
 
 def _first_value(features: object, column: str) -> str:

@@ -1023,7 +1023,8 @@ def test_ingest_benchmark_parquet_vs_csv_and_first_run_parts(tmp_path, penguins_
     assert (
         "quick mode runs no ingest point" in ingest.run(context, ingest.BENCHMARK.quick)["skipped"]
     )
-    sizes = ingest.IngestSizes(rows=300, first_run_rows=0, workers=1)
+    # In-memory Beam (workers 0): no worker process to start for 300 rows.
+    sizes = ingest.IngestSizes(rows=300, first_run_rows=0, workers=0)
     result = ingest.run(context, sizes)
     pair = result["formats"]
     for data_format in ("csv", "parquet"):
@@ -1043,7 +1044,7 @@ def test_ingest_benchmark_parquet_vs_csv_and_first_run_parts(tmp_path, penguins_
     assert 0 < first_step < trainer.seconds
 
     # Staging 20k rows in a fresh process: its result comes back, with the peak RSS.
-    cfg = ingest._config(
+    cfg = ingest.ingest_config(
         tmp_path / "child", write_tabular_csv(tmp_path / "c.csv", 20_000), "csv", 1, "x"
     )
     prepared, peak = in_child(prepare_data, cfg)
@@ -1062,6 +1063,6 @@ def test_ingest_benchmark_parquet_vs_csv_and_first_run_parts(tmp_path, penguins_
     assert target.read({**result, "first_run": point}).value == 2_000.0
     assert target.read(result) is None  # no first run, no reading
     pair_row, run_row = ingest.rows({**result, "first_run": point}, lambda name: f"v:{name}")
-    assert pair_row.startswith("| Ingest: ExampleGen, Parquet vs CSV, 300 rows, 1 worker(s) | ")
+    assert pair_row.startswith("| Ingest: ExampleGen, Parquet vs CSV, 300 rows, 0 worker(s) | ")
     assert "| Ingest: first run to the first training step, 20,000 CSV rows" in run_row
     assert "staging 1 s, ExampleGen 3 s" in run_row and f"v:{target.name} |" in run_row

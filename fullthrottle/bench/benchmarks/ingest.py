@@ -38,7 +38,7 @@ class IngestSizes:
     first_run_rows: int = size(
         10_000_000, "CSV rows of the first run to the first training step (0: skipped)"
     )
-    workers: int = size(2, "DirectRunner workers (multi_processing)")
+    workers: int = size(2, "DirectRunner workers (multi_processing; 0: in_memory)")
 
 
 def run(context: Context, sizes: IngestSizes) -> dict[str, Any]:
@@ -60,14 +60,20 @@ def run(context: Context, sizes: IngestSizes) -> dict[str, Any]:
     return result
 
 
-def _config(output_dir: Any, path: Any, data_format: str, workers: int, name: str) -> Any:
+def ingest_config(output_dir: Any, path: Any, data_format: str, workers: int, name: str) -> Any:
+    """A config for the pipeline on generated rows at `path`: cache off, `workers` Beam
+    workers (multi_processing; 0: the default in-memory DirectRunner)."""
     from fullthrottle.bench.workloads import transform_prefix_config
     from fullthrottle.core.config import BeamConfig, DataSpec
 
     return transform_prefix_config(
         output_dir=str(output_dir),
         spec=dataclasses.replace(DataSpec(), path=str(path), format=data_format),
-        beam=BeamConfig(direct_running_mode="multi_processing", direct_num_workers=workers),
+        beam=(
+            BeamConfig(direct_running_mode="multi_processing", direct_num_workers=workers)
+            if workers
+            else BeamConfig()
+        ),
         name=name,
     )
 
@@ -88,7 +94,7 @@ def formats(work: Any, rows: int, workers: int) -> dict[str, Any]:
     paths = {"csv": csv_path, "parquet": write_tabular_parquet(csv_path, work / "data.parquet")}
     out: dict[str, Any] = {"rows": rows, "workers": workers}
     for data_format, path in paths.items():
-        cfg = _config(
+        cfg = ingest_config(
             work / f"run-{data_format}", path, data_format, workers, "fullthrottle-bench-ingest"
         )
         started = time.perf_counter()
@@ -116,7 +122,7 @@ def first_run_point(work: Any, rows: int, workers: int) -> dict[str, Any]:
     from fullthrottle.bench.workloads import first_run, in_child, write_tabular_csv
 
     csv_path = write_tabular_csv(work / "data.csv", rows)
-    cfg = _config(work / "run", csv_path, "csv", workers, "fullthrottle-bench-first-run")
+    cfg = ingest_config(work / "run", csv_path, "csv", workers, "fullthrottle-bench-first-run")
     outcome, peak_rss = in_child(first_run, cfg)
     steps = outcome["step_seconds"]
     rate_steps = ("ExampleGen", "StatisticsGen", "Transform")

@@ -8,7 +8,9 @@ already split: `train/data.csv` and `eval/data.csv`, stratified by label
 rewritten only when its content changes, so an unchanged input keeps its file fingerprints and
 the pipeline's cache stays valid. Parquet input (fullthrottle/core/parquet.py) is checked,
 split the same way and staged as `train/data.parquet` and `eval/data.parquet` (the configured
-columns, typed by the Parquet schema). TFRecord input is read where it is and split by
+columns, typed by the Parquet schema). Both are read as a stream (CSV row by row, Parquet in
+record batches), twice: a first pass checks every row and keeps what the split needs of each
+(`_SplitKeys`: 16 bytes), a second writes the split files. TFRecord input is read where it is and split by
 ExampleGen's hash buckets; a class whose every record would land in eval stops the run here.
 """
 

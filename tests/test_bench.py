@@ -1047,7 +1047,7 @@ def test_ingest_benchmark_parquet_vs_csv_and_first_run_parts(tmp_path, penguins_
     cfg = ingest.ingest_config(
         tmp_path / "child", write_tabular_csv(tmp_path / "c.csv", 20_000), "csv", 1, "x"
     )
-    prepared, peak = in_child(prepare_data, cfg)
+    prepared, peak = in_child(prepare_data, cfg, job=tmp_path / "job")
     assert prepared.rows == 20_000 and 50 * 2**20 < peak < 16 * 2**30
 
     point = {

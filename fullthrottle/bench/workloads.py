@@ -413,27 +413,48 @@ def trainer_first_step_seconds(mlmd_path: str) -> float:
     return first - started
 
 
-def in_child(function: Any, *args: Any) -> tuple[Any, float]:
-    """``function(*args)`` in a fresh (spawned) process: its result and the peak resident set
-    size, in bytes, of the largest process it ran (itself or one of its children, such as
-    Beam's workers): what one process of the run needed at most."""
-    import concurrent.futures
-    import multiprocessing
+def in_child(function: Any, *args: Any, job: Path) -> tuple[Any, float]:
+    """``function(*args)`` (a module-level function) in a fresh process,
+    ``python -m fullthrottle.bench.workloads job`` (the request and the result are pickled in
+    the folder `job`): its result and the peak resident set size, in bytes, of the largest
+    process it ran (itself or a child it waited for, such as a Beam worker)."""
+    import pickle
+    import subprocess
+    import sys
 
-    context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(_with_peak_rss, function, *args).result()
+    from fullthrottle.bench.benchmarks.base import REPO
+
+    job.mkdir(parents=True, exist_ok=True)
+    (job / "request.pickle").write_bytes(pickle.dumps((function, args)))
+    result_path = job / "result.pickle"
+    result_path.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [sys.executable, "-m", "fullthrottle.bench.workloads", str(job)]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    (job / "stderr.log").write_text(done.stderr, encoding="utf-8")
+    if done.returncode != 0 or not result_path.exists():
+        raise RuntimeError(
+            f"{getattr(function, '__name__', function)} exited {done.returncode} (log: "
+            f"{job / 'stderr.log'}): {done.stderr[-2000:]}"
+        )
+    return pickle.loads(result_path.read_bytes())
 
 
-def _with_peak_rss(function: Any, *args: Any) -> tuple[Any, float]:
+def _child(job: Path) -> None:
+    """The process `in_child` starts: runs the pickled request, pickles its result and the
+    peak RSS."""
+    import pickle
     import resource
 
+    function, args = pickle.loads((job / "request.pickle").read_bytes())
     result = function(*args)
     peak_kib = max(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
     )
-    return result, peak_kib * 1024.0
+    tmp = job / "result.pickle.tmp"
+    tmp.write_bytes(pickle.dumps((result, peak_kib * 1024.0)))
+    tmp.replace(job / "result.pickle")
 
 
 def example_gen_name(seconds: dict[str, float]) -> str:
@@ -453,3 +474,9 @@ def raw_eval_examples(pipeline_root: str, *, label: str, limit: int) -> Sequence
         del example.features.feature[label]
         out.append(example.SerializeToString())
     return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    _child(Path(sys.argv[1]))

@@ -123,7 +123,7 @@ def first_run_point(work: Any, rows: int, workers: int) -> dict[str, Any]:
 
     csv_path = write_tabular_csv(work / "data.csv", rows)
     cfg = ingest_config(work / "run", csv_path, "csv", workers, "fullthrottle-bench-first-run")
-    outcome, peak_rss = in_child(first_run, cfg)
+    outcome, peak_rss = in_child(first_run, cfg, job=work / "job")
     steps = outcome["step_seconds"]
     rate_steps = ("ExampleGen", "StatisticsGen", "Transform")
     rate_seconds = sum(steps[s] or 0.0 for s in rate_steps)

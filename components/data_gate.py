@@ -23,6 +23,7 @@ gs:// or s3:// pipeline roots are read and written like local ones.
 import hashlib
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,13 @@ from tfx.dsl.component.experimental.decorators import component
 from tfx.dsl.io import fileio
 from tfx.types import standard_artifacts
 
-from fullthrottle.core.data_checks import Finding, gate_findings, report
+from fullthrottle.core.data_checks import (
+    Finding,
+    LabelReport,
+    NumberReport,
+    report,
+    report_findings,
+)
 from fullthrottle.core.errors import DataError
 
 ANOMALIES_FILE = "SchemaDiff.pb"
@@ -110,25 +117,42 @@ def anomalies_of_split(split: str, proto: Any) -> list[Anomaly]:
 
 def data_findings(spec: Any, *, input_base: str, schema_types: dict[str, str]) -> list[Finding]:
     """The cell checks on the data ExampleGen read from `input_base` (see the module docstring)."""
-    from fullthrottle.core.staging import input_label_splits, read_input_cells
+    from fullthrottle.core.splits import SPLIT_FOLDERS, SplitSummary
+    from fullthrottle.core.staging import input_label_splits, input_rows
 
-    columns = [*spec.numeric, spec.label]
-    cells = read_input_cells(input_base, data_format=spec.format, columns=columns)
     # A regression label is a number: checked as the numeric columns are, with no classes.
     regression = spec.task == "regression"
-    findings = gate_findings(
-        numeric=(*spec.numeric, spec.label) if regression else spec.numeric,
-        label=spec.label,
+    numeric = (*spec.numeric, spec.label) if regression else spec.numeric
+    numbers = {column: NumberReport(column) for column in numeric}
+    labels = LabelReport(spec.label)
+    splits: Counter[tuple[str, str]] = Counter()  # (label, split folder) -> rows
+    # One pass over the rows, whatever the size of the data.
+    for place, values in input_rows(
+        input_base, data_format=spec.format, columns=[*spec.numeric, spec.label]
+    ):
+        for column, column_numbers in numbers.items():
+            column_numbers.add(place, values[column])
+        labels.add(place, values[spec.label])
+        splits[values[spec.label], place.split("/", 1)[0]] += 1
+    findings = report_findings(
+        numbers=numbers,
+        labels=labels,
         label_mode="keep" if regression else spec.near_duplicate_labels,
-        cells=cells,
         types=schema_types,
     )
     if regression:
         return findings
-    # The label's cells were read above: CSV files are not read a second time.
-    unseen = eval_only_classes(
-        input_label_splits(input_base, spec=spec, label_cells=cells[spec.label])
+    # The label's cells were read above: CSV and Parquet files are not read a second time.
+    split = (
+        SplitSummary.count(
+            method=SPLIT_FOLDERS,
+            label=spec.label,
+            pairs=(pair for pair, rows in splits.items() for _ in range(rows)),
+        )
+        if spec.format in ("csv", "parquet")
+        else input_label_splits(input_base, spec=spec)
     )
+    unseen = eval_only_classes(split)
     return [*findings, unseen] if unseen else findings
 
 

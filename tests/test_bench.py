@@ -1052,3 +1052,65 @@ def test_the_loop_vs_fit_figure_says_when_fit_paid_for_an_iterator_ours_skips():
     )
     old = docs.loop_vs_fit(latest({"policy": "float32"}))
     assert old.count("`fit` paying for a distributed iterator ours skips") == 2
+
+
+def test_ingest_benchmark_parquet_vs_csv_and_first_run_parts(tmp_path, penguins_run):
+    """The ingest rows on tiny sizes: the same rows as CSV and as Parquet, each staged and read
+    by the Arrow ExampleGen; the first run's parts (the Trainer's time to its first loop, read
+    from a real run; a fresh process's peak RSS); the rows and the target's reading."""
+    from fullthrottle.bench.benchmarks import ingest
+    from fullthrottle.bench.workloads import (
+        in_child,
+        trainer_first_step_seconds,
+        write_tabular_csv,
+    )
+    from fullthrottle.core.staging import prepare_data
+    from fullthrottle.outcome import read_latest_run
+
+    context = Context(work=tmp_path, results={}, log=lambda m: None)
+    assert (
+        "quick mode runs no ingest point" in ingest.run(context, ingest.BENCHMARK.quick)["skipped"]
+    )
+    # In-memory Beam (workers 0): no worker process to start for 300 rows.
+    sizes = ingest.IngestSizes(rows=300, first_run_rows=0, workers=0)
+    result = ingest.run(context, sizes)
+    pair = result["formats"]
+    for data_format in ("csv", "parquet"):
+        side = pair[data_format]
+        assert side["staged_rows"] == 300, side
+        assert side["staging_seconds"] > 0 and side["example_gen_seconds"] > 0
+    assert sorted(p.name for p in (tmp_path / "ingest" / "formats-300").iterdir()) == [
+        "data.csv", "data.parquet", "example-gen-csv", "example-gen-parquet", "run-csv",
+        "run-parquet",
+    ]  # fmt: skip
+
+    # The Trainer's first loop ends after it starts and before it ends (the penguins run).
+    output_dir, _ = penguins_run
+    mlmd = str(output_dir / "metadata" / "fullthrottle-penguins.sqlite")
+    first_step = trainer_first_step_seconds(mlmd)
+    trainer = read_latest_run(mlmd).components["Trainer"]
+    assert 0 < first_step < trainer.seconds
+
+    # Staging 20k rows in a fresh process: its result comes back, with the peak RSS.
+    cfg = ingest.ingest_config(
+        tmp_path / "child", write_tabular_csv(tmp_path / "c.csv", 20_000), "csv", 1, "x"
+    )
+    prepared, peak = in_child(prepare_data, cfg, job=tmp_path / "job")
+    assert prepared.rows == 20_000 and 50 * 2**20 < peak < 16 * 2**30
+
+    point = {
+        "rows": 20_000,
+        "workers": 1,
+        "step_seconds": {"staging": 1.4, "ExampleGen": 3.0, "StatisticsGen": 2.0,
+                         "DataGate": 1.0, "Transform": 5.0, "Trainer to the first step": first_step},
+        "total_seconds": 12.4 + first_step,
+        "peak_rss_bytes": peak,
+        "end_to_end_rows_per_second": 20_000 / 10.0,
+    }  # fmt: skip
+    (target,) = ingest.BENCHMARK.targets
+    assert target.read({**result, "first_run": point}).value == 2_000.0
+    assert target.read(result) is None  # no first run, no reading
+    pair_row, run_row = ingest.rows({**result, "first_run": point}, lambda name: f"v:{name}")
+    assert pair_row.startswith("| Ingest: ExampleGen, Parquet vs CSV, 300 rows, 0 worker(s) | ")
+    assert "| Ingest: first run to the first training step, 20,000 CSV rows" in run_row
+    assert "staging 1 s, ExampleGen 3 s" in run_row and f"v:{target.name} |" in run_row

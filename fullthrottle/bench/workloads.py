@@ -238,11 +238,32 @@ def transform_prefix_config(
     )
 
 
+def write_tabular_parquet(csv_path: Path, path: Path) -> Path:
+    """The rows of a generated CSV (``write_tabular_csv``) as one Parquet file, column types
+    as pyarrow's CSV reader infers them (strings, doubles, int64), read and written in batches."""
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
+
+    reader = pa_csv.open_csv(csv_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with pq.ParquetWriter(path, reader.schema) as writer:
+        for batch in reader:
+            writer.write_batch(batch)
+    return path
+
+
 def run_transform_prefix(config: Config) -> dict[str, Any]:
     """Runs the real pipeline up to and including Transform (ExampleGen, StatisticsGen, the
     schema, ExampleValidator, the data gate, Transform — the same nodes and code as
     ``fullthrottle run``, without Trainer/Evaluator/Pusher) and returns the per-component
     seconds from MLMD and the wall time."""
+    return run_pipeline_prefix(config, last="Transform")
+
+
+def run_pipeline_prefix(config: Config, *, last: str) -> dict[str, Any]:
+    """Stages the data (timed) and runs the real pipeline up to and including the component
+    `last` and what it depends on (the same nodes and code as ``fullthrottle run``); returns
+    the per-component seconds from MLMD and the wall time."""
     from tfx import v1 as tfx
 
     from fullthrottle.core.staging import prepare_data
@@ -255,7 +276,7 @@ def run_transform_prefix(config: Config) -> dict[str, Any]:
     full = build_local_pipeline(config, input_base=prepared.input_base)
     # Transform and what it depends on, in the pipeline's order (not the baseline resolver,
     # which only the Evaluator reads).
-    needed = [next(c for c in full.components if c.id == "Transform")]
+    needed = [next(c for c in full.components if c.id == last)]
     for node in needed:
         needed += [up for up in node.upstream_nodes if up not in needed]
     prefix = [c for c in full.components if c in needed]
@@ -288,10 +309,15 @@ def run_transform_prefix(config: Config) -> dict[str, Any]:
 
 
 def time_example_gens(
-    input_base: str, work: Path, *, beam_pipeline_args: Sequence[str] = ()
+    input_base: str,
+    work: Path,
+    *,
+    beam_pipeline_args: Sequence[str] = (),
+    kinds: Sequence[str] = ("stock", "arrow"),
 ) -> dict[str, float]:
-    """Seconds (from MLMD) of TFX's stock ``CsvExampleGen`` and the pipeline's Arrow ExampleGen
-    on the same staged splits, each alone in a pipeline, cache off, one after the other."""
+    """Seconds (from MLMD) of TFX's stock ``CsvExampleGen`` ("stock") and the pipeline's Arrow
+    ExampleGen ("arrow") on the same staged splits (`kinds`: which of them), each alone in a
+    pipeline, cache off, one after the other."""
     from tfx import v1 as tfx
 
     from components.arrow_example_gen import example_gen
@@ -309,7 +335,8 @@ def time_example_gens(
         "arrow": lambda: example_gen(input_base=input_base, input_config=input_config),
     }
     seconds = {}
-    for name, make in makers.items():
+    for name in kinds:
+        make = makers[name]
         root = work / f"example-gen-{name}"
         mlmd = root / "metadata.sqlite"
         root.mkdir(parents=True, exist_ok=True)
@@ -332,6 +359,104 @@ def time_example_gens(
     return seconds
 
 
+# The steps of a first run to the first training step, as MLMD names the components.
+FIRST_RUN_STEPS = ("ExampleGen", "StatisticsGen", "DataGate", "Transform")
+
+
+def first_run(config: Config) -> dict[str, Any]:
+    """A first run of `config` to the first training step: staging, then the real pipeline up
+    to and including the Trainer (training one loop of steps, evaluating one batch); each
+    step's seconds, the Trainer's up to the end of its first loop of steps."""
+    training = dataclasses.replace(
+        config.training, train_steps=config.training.steps_per_loop, eval_steps=1
+    )
+    outcome = run_pipeline_prefix(dataclasses.replace(config, training=training), last="Trainer")
+    seconds = outcome["component_seconds"]
+    steps = {"staging": outcome["staging_seconds"]}
+    for step in FIRST_RUN_STEPS:
+        steps[step] = next((v for k, v in seconds.items() if k.endswith(step)), None)
+    steps["Trainer to the first step"] = trainer_first_step_seconds(str(config.mlmd_path))
+    return {**outcome, "step_seconds": steps}
+
+
+def trainer_first_step_seconds(mlmd_path: str) -> float:
+    """Seconds from the start of the newest run's Trainer execution (MLMD) to the end of its
+    first loop of steps (the wall time of the first training scalar in its TensorBoard logs)."""
+    import tensorflow as tf
+
+    from fullthrottle.outcome import latest_run, open_store, run_executions
+
+    store = open_store(mlmd_path, read_only=True)
+    run = latest_run(store)
+    assert run is not None, f"no run recorded in {mlmd_path}"
+    trainer = next(e for e in run_executions(store, run) if e.component.endswith("Trainer"))
+    started = trainer.execution.create_time_since_epoch / 1000.0
+    (model_run,) = [
+        artifact.uri
+        for artifact in store.get_artifacts_by_id(
+            [
+                event.artifact_id
+                for event in store.get_events_by_execution_ids([trainer.execution.id])
+                if event.type == event.OUTPUT
+            ]
+        )
+        if "model_run" in artifact.uri
+    ]
+    files = tf.io.gfile.glob(os.path.join(model_run, "logs", "**", "events.out.tfevents.*"))
+    files += tf.io.gfile.glob(os.path.join(model_run, "logs", "events.out.tfevents.*"))
+    first = min(
+        event.wall_time
+        for path in files
+        for event in tf.compat.v1.train.summary_iterator(path)
+        if event.step > 0 and event.summary.value
+    )
+    return first - started
+
+
+def in_child(function: Any, *args: Any, job: Path) -> tuple[Any, float]:
+    """``function(*args)`` (a module-level function) in a fresh process,
+    ``python -m fullthrottle.bench.workloads job`` (the request and the result are pickled in
+    the folder `job`): its result and the peak resident set size, in bytes, of the largest
+    process it ran (itself or a child it waited for, such as a Beam worker)."""
+    import pickle
+    import subprocess
+    import sys
+
+    from fullthrottle.bench.benchmarks.base import REPO
+
+    job.mkdir(parents=True, exist_ok=True)
+    (job / "request.pickle").write_bytes(pickle.dumps((function, args)))
+    result_path = job / "result.pickle"
+    result_path.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [sys.executable, "-m", "fullthrottle.bench.workloads", str(job)]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
+    (job / "stderr.log").write_text(done.stderr, encoding="utf-8")
+    if done.returncode != 0 or not result_path.exists():
+        raise RuntimeError(
+            f"{getattr(function, '__name__', function)} exited {done.returncode} (log: "
+            f"{job / 'stderr.log'}): {done.stderr[-2000:]}"
+        )
+    return pickle.loads(result_path.read_bytes())
+
+
+def _child(job: Path) -> None:
+    """The process `in_child` starts: runs the pickled request, pickles its result and the
+    peak RSS."""
+    import pickle
+    import resource
+
+    function, args = pickle.loads((job / "request.pickle").read_bytes())
+    result = function(*args)
+    peak_kib = max(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+    )
+    tmp = job / "result.pickle.tmp"
+    tmp.write_bytes(pickle.dumps((result, peak_kib * 1024.0)))
+    tmp.replace(job / "result.pickle")
+
+
 def example_gen_name(seconds: dict[str, float]) -> str:
     return next(n for n in seconds if n.endswith("ExampleGen"))
 
@@ -349,3 +474,9 @@ def raw_eval_examples(pipeline_root: str, *, label: str, limit: int) -> Sequence
         del example.features.feature[label]
         out.append(example.SerializeToString())
     return out
+
+
+if __name__ == "__main__":
+    import sys
+
+    _child(Path(sys.argv[1]))

@@ -260,7 +260,8 @@ def _read_tfrecord_sample(
     places: list[str] = []
     kinds: dict[str, str] = {}
     for path in files:
-        compression = "GZIP" if path.read_bytes()[:2] == b"\x1f\x8b" else ""
+        with path.open("rb") as f:
+            compression = "GZIP" if f.read(2) == b"\x1f\x8b" else ""
         try:
             dataset = tf.data.TFRecordDataset([str(path)], compression_type=compression)
             for number, raw in enumerate(dataset.take(sample_rows - len(records)), start=1):

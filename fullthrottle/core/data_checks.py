@@ -223,6 +223,18 @@ class NumberReport:
             self.present > 0 and (self.numbers + formatted) >= NUMBER_LIKE_FRACTION * self.present
         )
 
+    def add(
+        self, place: str, cell: str, *, decimal: str = ".", thousands: str | None = None
+    ) -> None:
+        """Reads one cell (an empty one is missing, not counted as present)."""
+        if not cell.strip():
+            return
+        self.present += 1
+        if normalize_number(cell, decimal=decimal, thousands=thousands) is not None:
+            self.numbers += 1
+            return
+        self.by_kind.setdefault(cell_kind(cell), _Values()).add(cell, place)
+
     def finding(self, *, where: str, categorical_hint: str) -> Finding | None:
         """The finding for the cells that are not numbers as read, or None if there are none.
 
@@ -269,13 +281,8 @@ def inspect_numbers(
     missing = set(na_values)
     result = NumberReport(column)
     for place, cell in cells:
-        if not cell.strip() or cell in missing:
-            continue
-        result.present += 1
-        if normalize_number(cell, decimal=decimal, thousands=thousands) is not None:
-            result.numbers += 1
-            continue
-        result.by_kind.setdefault(cell_kind(cell), _Values()).add(cell, place)
+        if cell not in missing:
+            result.add(place, cell, decimal=decimal, thousands=thousands)
     return result
 
 
@@ -296,6 +303,20 @@ class LabelReport:
     def near_duplicates(self) -> dict[str, _Values]:
         """The groups written in more than one way."""
         return {key: values for key, values in self.groups.items() if len(values.counts) > 1}
+
+    def add(self, place: str, cell: str) -> None:
+        """Reads one label cell (an empty one is missing)."""
+        if cell.strip():
+            self.groups.setdefault(label_key(cell), _Values()).add(cell, place)
+
+    @property
+    def spellings(self) -> dict[str, int]:
+        """Each present label value as written, with its rows."""
+        return {
+            value: count
+            for values in self.groups.values()
+            for value, count in values.counts.items()
+        }
 
     def merges(self) -> dict[str, str]:
         """Spelling -> the spelling it is merged into: the group's most frequent one, trimmed.
@@ -349,9 +370,7 @@ def inspect_labels(column: str, cells: Iterable[tuple[str, str]]) -> LabelReport
     """Groups the present `(place, label)` cells of the label column by `label_key`."""
     result = LabelReport(column)
     for place, cell in cells:
-        if not cell.strip():
-            continue
-        result.groups.setdefault(label_key(cell), _Values()).add(cell, place)
+        result.add(place, cell)
     return result
 
 
@@ -438,23 +457,40 @@ def gate_findings(
     the schema's type per column. A numeric column with a cell that is not a plain number, or
     typed as text, would fail in Transform; near-duplicate labels would train as extra classes.
     """
+    return report_findings(
+        numbers={column: inspect_numbers(column, cells.get(column, ())) for column in numeric},
+        labels=inspect_labels(label, cells.get(label, ())),
+        label_mode=label_mode,
+        types=types,
+    )
+
+
+def report_findings(
+    *,
+    numbers: Mapping[str, NumberReport],
+    labels: LabelReport,
+    label_mode: str,
+    types: Mapping[str, str],
+) -> list[Finding]:
+    """`gate_findings` from the reports of the cells (for a caller that reads them once, row
+    by row): `numbers` per numeric column, in order, `labels` of the label column."""
     findings = []
-    for column in numeric:
-        numbers = inspect_numbers(column, cells.get(column, ()))
+    label = labels.column
+    for column, column_numbers in numbers.items():
         if column == label:  # a regression label, checked as a number
             where = "`data.label`"
             hint = "Or, if the label holds classes, set `data.task: classification`."
         else:
             where = "`data.numeric`"
             hint = "Or, if the column holds categories, list it under `data.categorical`."
-        finding = numbers.finding(where=where, categorical_hint=f"{hint} ({STAGING_NOTE})")
+        finding = column_numbers.finding(where=where, categorical_hint=f"{hint} ({STAGING_NOTE})")
         if finding is None:
             finding = next(iter(type_findings([column], types)), None)
         if finding is not None:
             findings.append(finding)
-    labels = inspect_labels(label, cells.get(label, ())).finding(mode=label_mode)
-    if labels is not None:
-        findings.append(labels)
+    label_finding = labels.finding(mode=label_mode)
+    if label_finding is not None:
+        findings.append(label_finding)
     return findings
 
 

@@ -19,8 +19,7 @@ and last four bytes are not `PAR1`) or holds no rows is refused by name.
 
 from __future__ import annotations
 
-import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -254,6 +253,88 @@ def read_table(files: Sequence[Path], columns: Sequence[str]) -> Any:
     )
 
 
+def iter_batches(
+    files: Sequence[Path], columns: Sequence[str], batch_rows: int
+) -> Iterator[tuple[Path, int, Any]]:
+    """`columns` of all `files`, `batch_rows` rows at a time, each column made plain
+    (`plain_column`): (file, the number of the batch's first row in its file, record batch)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    where = str(files[0]) if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
+    for path in files:
+        number = 1
+        try:
+            batches = pq.ParquetFile(path).iter_batches(
+                batch_size=batch_rows, columns=list(columns)
+            )
+            while True:
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    break
+                plain = pa.record_batch(
+                    [
+                        plain_column(batch.column(name), column=name, where=where)
+                        for name in columns
+                    ],
+                    names=list(columns),
+                )
+                yield path, number, plain
+                number += batch.num_rows
+        except DataError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a damaged page: name the file
+            raise damaged_file(path, exc) from None
+
+
+class StagedWriters:
+    """One staged Parquet file per split (`targets`: split -> path), written batch by batch as
+    single-value lists (`as_single_value_lists`) in row groups of `group_rows` rows: the same
+    batches give the same bytes (no timestamps in pyarrow's footer)."""
+
+    def __init__(self, targets: Mapping[str, Path], group_rows: int) -> None:
+        self.targets = dict(targets)
+        self.group_rows = group_rows
+        self.writers: dict[str, Any] = {}
+        self.pending: dict[str, list[Any]] = {name: [] for name in targets}
+        self.schema: Any = None
+
+    def write(self, split: str, batch: Any) -> None:
+        import pyarrow as pa
+
+        listed = pa.record_batch(
+            [as_single_value_lists(column) for column in batch.columns], names=batch.schema.names
+        )
+        if self.schema is None:
+            self.schema = listed.schema
+        self.pending[split].append(listed)
+        if sum(b.num_rows for b in self.pending[split]) >= self.group_rows:
+            table = pa.Table.from_batches(self.pending[split], schema=self.schema)
+            whole = table.num_rows - table.num_rows % self.group_rows
+            self._writer(split).write_table(table.slice(0, whole), row_group_size=self.group_rows)
+            self.pending[split] = table.slice(whole).to_batches()
+
+    def _writer(self, split: str) -> Any:
+        import pyarrow.parquet as pq
+
+        if split not in self.writers:
+            self.writers[split] = pq.ParquetWriter(
+                self.targets[split], self.schema, compression="snappy"
+            )
+        return self.writers[split]
+
+    def close(self) -> None:
+        import pyarrow as pa
+
+        for split in self.targets:
+            table = pa.Table.from_batches(self.pending[split], schema=self.schema)
+            writer = self._writer(split)
+            if table.num_rows:
+                writer.write_table(table, row_group_size=self.group_rows)
+            writer.close()
+
+
 def as_single_value_lists(array: Any) -> Any:
     """Each present value as a one-element list, each missing one as a null list.
 
@@ -267,23 +348,6 @@ def as_single_value_lists(array: Any) -> Any:
     valid = np.asarray(array.is_valid())
     offsets = np.concatenate([[0], np.cumsum(valid, dtype=np.int32)]).astype(np.int32)
     return pa.ListArray.from_arrays(pa.array(offsets), array.drop_null(), mask=pa.array(~valid))
-
-
-def table_bytes(table: Any) -> bytes:
-    """The Parquet file of `table`, as bytes: the same table gives the same bytes (no
-    timestamps in pyarrow's footer), so an unchanged input leaves a staged file untouched."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    listed = pa.table(
-        {
-            name: as_single_value_lists(table.column(name).combine_chunks())
-            for name in table.column_names
-        }
-    )
-    sink = io.BytesIO()
-    pq.write_table(listed, sink, compression="snappy")
-    return sink.getvalue()
 
 
 def cell_text(value: Any) -> str:

@@ -59,6 +59,44 @@ def stratified_split(
     return assignment
 
 
+def row_key64(cells: Sequence[str]) -> int:
+    """The first 8 bytes of `row_key`, as an unsigned integer in the same order: what staging
+    keeps per row (8 bytes, whatever the row's width) to split input larger than memory."""
+    return int.from_bytes(row_key(cells)[:8], "big")
+
+
+def eval_mask(strata: Any, keys: Any, *, train_buckets: int, eval_buckets: int) -> Any:
+    """`stratified_split` on arrays: `strata` (an integer per row: its class, or its range of a
+    regression label) and `keys` (`row_key64` per row). A boolean array, True for eval rows.
+    Ties (identical keys) keep their order in the file."""
+    import numpy as np
+
+    strata = np.asarray(strata)
+    rows = len(strata)
+    order = np.lexsort((np.asarray(keys, dtype=np.uint64), strata))  # stable: ties by row
+    ordered = strata[order]
+    starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if rows else np.array([], int)
+    counts = np.diff(np.r_[starts, rows])
+    total = train_buckets + eval_buckets
+    share = (2 * counts * eval_buckets + total) // (2 * total)
+    to_eval = np.maximum(0, np.minimum(share, counts - 1))
+    rank = np.arange(rows) - np.repeat(starts, counts)
+    mask = np.zeros(rows, dtype=bool)
+    mask[order] = rank < np.repeat(to_eval, counts)
+    return mask
+
+
+def range_strata_array(values: Any, *, train_buckets: int, eval_buckets: int) -> Any:
+    """`range_strata` on an array of the label's numbers: each row's range number."""
+    import numpy as np
+
+    size = 5 * (train_buckets + eval_buckets)
+    order = np.argsort(np.asarray(values, dtype=np.float64), kind="stable")
+    strata = np.empty(len(order), dtype=np.int64)
+    strata[order] = np.arange(len(order)) // size
+    return strata
+
+
 def range_strata(labels: Sequence[str], *, train_buckets: int, eval_buckets: int) -> list[str]:
     """A regression label's stratum of each row: its values sorted and cut into runs of
     5 x (train_buckets + eval_buckets) rows, so `stratified_split` gives each run of the label's

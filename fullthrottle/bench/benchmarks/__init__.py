@@ -17,11 +17,19 @@ row has a target, one ``Target``.
 
 from __future__ import annotations
 
-from fullthrottle.bench.benchmarks import beam, checkpoints, pipeline, serving, tracking, trainer
+from fullthrottle.bench.benchmarks import (
+    beam,
+    checkpoints,
+    ingest,
+    pipeline,
+    serving,
+    tracking,
+    trainer,
+)
 from fullthrottle.bench.benchmarks.base import BenchmarkSpec, Context, Reading, Target
 
 # Run order: the pipeline first (its run feeds the trainer, tracking, checkpoint and serving
-# benchmarks), the long Beam scaling points last but one.
+# benchmarks), the long Beam scaling points and ingest runs before serving.
 BENCHMARKS: dict[str, BenchmarkSpec] = {
     spec.name: spec
     for spec in (
@@ -30,6 +38,7 @@ BENCHMARKS: dict[str, BenchmarkSpec] = {
         tracking.BENCHMARK,
         checkpoints.BENCHMARK,
         beam.BENCHMARK,
+        ingest.BENCHMARK,
         serving.BENCHMARK,
     )
 }

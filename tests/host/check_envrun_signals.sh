@@ -14,7 +14,7 @@
 #   3. The rerun, as `make run ARGS=...` on the same folder, resumes at that step; SIGINT to
 #      make's process group ends it the same way (130), with a `make run ARGS=...` resume hint.
 # Processes are started in a session of their own with SIGINT at its default (a command started
-# with `&` by a shell without job control would ignore it).
+# with `&` by a shell without job control would ignore it, and so would everything it starts).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 ENVRUN="$REPO/bin/envrun"
@@ -29,10 +29,10 @@ fail() {
 start() {
     local log=$1
     shift
-    (
-        trap - INT
-        exec setsid "$@" >"$log" 2>&1
-    ) &
+    # SIGINT and SIGQUIT at their defaults whatever this script inherited: bash cannot reset a
+    # signal ignored when it started (a script started with `&` by a shell without job control,
+    # as CI jobs are), and an ignored SIGINT would stay ignored by the launcher it execs.
+    env --default-signal=INT,QUIT setsid "$@" >"$log" 2>&1 &
     PID=$!
 }
 
@@ -78,10 +78,17 @@ for case in "envrun pid TERM" "envrun pid INT" "envrun group TERM" "envrun group
         start "$log" make -s --no-print-directory -C "$work" run
     fi
     wait_for "$log" '^ready' 120
+    # What a failure needs explained: the launcher's signal dispositions and its processes.
+    before=$(grep -E '^Sig(Ign|Cgt):' "/proc/$PID/status" 2>/dev/null | tr '\n' ' ' || true)
+    before+=$'\n'$(ps -o pid,ppid,pgid,stat,args --forest -s "$PID" 2>/dev/null || true)
     if [[ "$target" == pid ]]; then kill -s "$sig" "$PID"; else kill -s "$sig" -- "-$PID"; fi
     finish
     expected=$((128 + $(kill -l "$sig")))
-    grep -qx "got SIG$sig" "$log" || { cat "$log" >&2; fail "$case: the command did not get SIG$sig exactly once"; }
+    grep -qx "got SIG$sig" "$log" || {
+        cat "$log" >&2
+        echo "the launcher before the signal: $before" >&2
+        fail "$case: the command did not get SIG$sig exactly once"
+    }
     [[ "$STATUS" == "$expected" ]] || { cat "$log" >&2; fail "$case: status $STATUS, expected $expected"; }
     ! pgrep -f "$work/probe.py" >/dev/null || fail "$case: a process outlived the launcher"
 done

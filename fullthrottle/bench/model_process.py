@@ -400,24 +400,31 @@ def run_in_process(job: Path, request: dict[str, Any], what: str) -> dict[str, A
     job.mkdir(parents=True, exist_ok=True)
     (job / "request.pickle").write_bytes(pickle.dumps(request))
     result_path = job / "result.json"
+    run_job("fullthrottle.bench.model_process", job, result_path, what)
+    return json.loads(result_path.read_text(encoding="utf-8"))
+
+
+def run_job(module: str, job: Path, result_path: Path, what: str) -> None:
+    """Runs ``python -m MODULE JOB`` (its request already in the folder `job`) from the repo and
+    waits for it; raises, with its stderr, when it fails or leaves no `result_path`.
+
+    The process gets its own temp folder inside the job folder: a model process exits without
+    teardown (see model_process), so what TensorFlow removes at exit (autograph's generated
+    files, ~15 per run) would otherwise stay in the user's temp folder."""
     result_path.unlink(missing_ok=True)
-    # Its own temp folder inside the job folder: the process exits without teardown (see
-    # model_process), so what TensorFlow removes at exit (autograph's generated files, ~15 per
-    # run) would otherwise stay in the user's temp folder.
     (job / "tmp").mkdir(exist_ok=True)
     env = {
         **os.environ,
         "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "TMPDIR": str(job / "tmp"),
     }
-    command = [sys.executable, "-m", "fullthrottle.bench.model_process", str(job)]
+    command = [sys.executable, "-m", module, str(job)]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     (job / "stderr.log").write_text(done.stderr, encoding="utf-8")
     if done.returncode != 0 or not result_path.exists():
         raise RuntimeError(
             f"{what} exited {done.returncode} (log: {job / 'stderr.log'}): {done.stderr[-2000:]}"
         )
-    return json.loads(result_path.read_text(encoding="utf-8"))
 
 
 def main(argv: list[str]) -> int:

@@ -419,24 +419,18 @@ def in_child(function: Any, *args: Any, job: Path) -> tuple[Any, float]:
     the folder `job`): its result and the peak resident set size, in bytes, of the largest
     process it ran (itself or a child it waited for, such as a Beam worker)."""
     import pickle
-    import subprocess
-    import sys
 
-    from fullthrottle.bench.benchmarks.base import REPO
+    from fullthrottle.bench.model_process import run_job
 
     job.mkdir(parents=True, exist_ok=True)
     (job / "request.pickle").write_bytes(pickle.dumps((function, args)))
     result_path = job / "result.pickle"
-    result_path.unlink(missing_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    command = [sys.executable, "-m", "fullthrottle.bench.workloads", str(job)]
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
-    (job / "stderr.log").write_text(done.stderr, encoding="utf-8")
-    if done.returncode != 0 or not result_path.exists():
-        raise RuntimeError(
-            f"{getattr(function, '__name__', function)} exited {done.returncode} (log: "
-            f"{job / 'stderr.log'}): {done.stderr[-2000:]}"
-        )
+    run_job(
+        "fullthrottle.bench.workloads",
+        job,
+        result_path,
+        getattr(function, "__name__", str(function)),
+    )
     return pickle.loads(result_path.read_bytes())
 
 

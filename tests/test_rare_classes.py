@@ -32,10 +32,10 @@ from fullthrottle.core.features import LABEL_VOCAB
 from fullthrottle.core.splits import (
     SPLITS,
     STRATIFIED_RANGE,
+    eval_mask,
     eval_rows_for,
     hash_split,
-    row_key,
-    stratified_split,
+    row_key64,
 )
 from fullthrottle.core.staging import STAGED_CSV, prepare_data
 from tests.helpers import label_of, last_run, once_per_session, run_cli
@@ -94,19 +94,28 @@ def _staged_labels(staged_dir: Path, split: str) -> Counter[str]:
 
 
 # --- the stratified split ------------------------------------------------------------------------
+def _split(labels, rows, *, train_buckets=3, eval_buckets=1) -> list[str]:
+    """Staging's split of `rows` (cells) by `labels`, as "train"/"eval" per row."""
+    classes = sorted(set(labels))
+    mask = eval_mask(
+        [classes.index(label) for label in labels],
+        [row_key64(row) for row in rows],
+        train_buckets=train_buckets,
+        eval_buckets=eval_buckets,
+    )
+    return ["eval" if m else "train" for m in mask]
+
+
 def test_the_split_is_deterministic_and_independent_of_the_row_order():
     pick = random.Random(1)
     rows = [[str(pick.random()), pick.choice("abcde")] for _ in range(500)]
     labels = [row[1] for row in rows]
-    first = stratified_split(labels, [row_key(r) for r in rows], train_buckets=3, eval_buckets=1)
-    again = stratified_split(labels, [row_key(r) for r in rows], train_buckets=3, eval_buckets=1)
-    assert first == again
+    first = _split(labels, rows)
+    assert first == _split(labels, rows)
     order = list(range(len(rows)))
     pick.shuffle(order)
     shuffled = [rows[i] for i in order]
-    moved = stratified_split(
-        [r[1] for r in shuffled], [row_key(r) for r in shuffled], train_buckets=3, eval_buckets=1
-    )
+    moved = _split([r[1] for r in shuffled], shuffled)
     assert {tuple(rows[i]) for i, s in zip(order, moved, strict=True) if s == "eval"} == {
         tuple(r) for r, s in zip(rows, first, strict=True) if s == "eval"
     }
@@ -115,11 +124,9 @@ def test_the_split_is_deterministic_and_independent_of_the_row_order():
 def test_every_class_keeps_a_train_row_and_big_classes_get_their_eval_share():
     counts = {"big": 400, "odd": 7, "pair": 2, "one": 1, "other_one": 1}
     labels = [label for label, count in counts.items() for _ in range(count)]
-    keys = [row_key([label, str(i)]) for i, label in enumerate(labels)]
+    rows = [[label, str(i)] for i, label in enumerate(labels)]
     for train_buckets, eval_buckets in ((3, 1), (4, 1), (1, 1), (1, 3)):
-        split = stratified_split(
-            labels, keys, train_buckets=train_buckets, eval_buckets=eval_buckets
-        )
+        split = _split(labels, rows, train_buckets=train_buckets, eval_buckets=eval_buckets)
         per_class = Counter(zip(labels, split, strict=True))
         for label, count in counts.items():
             assert per_class[label, "train"] >= 1, (label, train_buckets, eval_buckets)

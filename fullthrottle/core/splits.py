@@ -42,23 +42,6 @@ def row_key(cells: Sequence[str]) -> bytes:
     return hashlib.sha256("\x1f".join(cells).encode("utf-8")).digest()
 
 
-def stratified_split(
-    labels: Sequence[str], keys: Sequence[bytes], *, train_buckets: int, eval_buckets: int
-) -> list[str]:
-    """The split ("train" or "eval") of each row, given each row's label and `row_key`."""
-    by_class: dict[str, list[int]] = defaultdict(list)
-    for index, label in enumerate(labels):
-        by_class[label].append(index)
-    assignment = ["train"] * len(labels)
-    for indices in by_class.values():
-        # Ties (identical rows) keep their order in the file.
-        ordered = sorted(indices, key=lambda i: (keys[i], i))
-        count = eval_rows_for(len(indices), train_buckets=train_buckets, eval_buckets=eval_buckets)
-        for index in ordered[:count]:
-            assignment[index] = "eval"
-    return assignment
-
-
 def row_key64(cells: Sequence[str]) -> int:
     """The first 8 bytes of `row_key`, as an unsigned integer in the same order: what staging
     keeps per row (8 bytes, whatever the row's width) to split input larger than memory."""
@@ -66,9 +49,10 @@ def row_key64(cells: Sequence[str]) -> int:
 
 
 def eval_mask(strata: Any, keys: Any, *, train_buckets: int, eval_buckets: int) -> Any:
-    """`stratified_split` on arrays: `strata` (an integer per row: its class, or its range of a
-    regression label) and `keys` (`row_key64` per row). A boolean array, True for eval rows.
-    Ties (identical keys) keep their order in the file."""
+    """Each row's split, as a boolean array (True: eval): `strata` holds an integer per row (its
+    class, or its range of a regression label: `range_strata_array`), `keys` its `row_key64`.
+    Within a stratum, rows go to eval in the order of their keys (ties keep their order in the
+    file), `eval_rows_for` of them."""
     import numpy as np
 
     strata = np.asarray(strata)
@@ -77,9 +61,13 @@ def eval_mask(strata: Any, keys: Any, *, train_buckets: int, eval_buckets: int) 
     ordered = strata[order]
     starts = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]]) if rows else np.array([], int)
     counts = np.diff(np.r_[starts, rows])
-    total = train_buckets + eval_buckets
-    share = (2 * counts * eval_buckets + total) // (2 * total)
-    to_eval = np.maximum(0, np.minimum(share, counts - 1))
+    to_eval = np.array(
+        [
+            eval_rows_for(int(c), train_buckets=train_buckets, eval_buckets=eval_buckets)
+            for c in counts
+        ],
+        dtype=np.int64,
+    )
     rank = np.arange(rows) - np.repeat(starts, counts)
     mask = np.zeros(rows, dtype=bool)
     mask[order] = rank < np.repeat(to_eval, counts)
@@ -87,25 +75,15 @@ def eval_mask(strata: Any, keys: Any, *, train_buckets: int, eval_buckets: int) 
 
 
 def range_strata_array(values: Any, *, train_buckets: int, eval_buckets: int) -> Any:
-    """`range_strata` on an array of the label's numbers: each row's range number."""
+    """A regression label's stratum of each row, from an array of its numbers: the values sorted
+    and cut into runs of 5 x (train_buckets + eval_buckets) rows, so that each run of the label's
+    range gets its share of eval (a distinct value per class would put most rows in train)."""
     import numpy as np
 
     size = 5 * (train_buckets + eval_buckets)
     order = np.argsort(np.asarray(values, dtype=np.float64), kind="stable")
     strata = np.empty(len(order), dtype=np.int64)
     strata[order] = np.arange(len(order)) // size
-    return strata
-
-
-def range_strata(labels: Sequence[str], *, train_buckets: int, eval_buckets: int) -> list[str]:
-    """A regression label's stratum of each row: its values sorted and cut into runs of
-    5 x (train_buckets + eval_buckets) rows, so `stratified_split` gives each run of the label's
-    range its share of eval (a distinct value per class would put most rows in train)."""
-    size = 5 * (train_buckets + eval_buckets)
-    order = sorted(range(len(labels)), key=lambda i: (float(labels[i]), i))
-    strata = [""] * len(labels)
-    for rank, index in enumerate(order):
-        strata[index] = f"range {rank // size}"
     return strata
 
 

@@ -1,6 +1,6 @@
 """The bundled text data itself. The Transformer path end to end on it (held-out accuracy, raw
 strings in English and Chinese) is checked on tests/test_local_devices.py's run, which trains it
-over two devices with Beam workers."""
+over two devices."""
 
 from __future__ import annotations
 

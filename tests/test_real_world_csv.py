@@ -375,7 +375,9 @@ def test_dirty_tfrecords_are_stopped_by_the_gate_before_transform(tmp_path):
                 },
             }
             example = tf.train.Example(features=tf.train.Features(feature=feature))
-            writer.write(example.SerializeToString())
+            # Deterministic: the same bytes in every process, so ExampleGen's hash split (which
+            # puts every record where its bytes' hash says) is the same in every run.
+            writer.write(example.SerializeToString(deterministic=True))
     output_dir = tmp_path / "out"
     code, said = cli_in_process(
         "run",

@@ -15,11 +15,13 @@ run bench gpu-check: export FULLTHROTTLE_MAKE_TARGET = $@
 run:  ## the main job: the whole pipeline on the bundled Palmer Penguins data
 	$(ENVRUN) fullthrottle run $(ARGS)
 
-# Beam's DirectRunner runs a pipeline on one core: a worker per core (at most 4: each holds
-# TensorFlow and its pipelines' memory), one test module per worker so that a module's shared
-# runs are made once (the session's are shared through a lock, tests/helpers.once_per_session).
-# Modules go out longest first (tests/conftest.py orders them; xdist would reorder by test count).
-XDIST := -n logical --maxprocesses 4 --dist loadscope --no-loadscope-reorder
+# Beam's DirectRunner runs a pipeline on one core: a worker per core and one more, for the time
+# workers spend waiting on a server or a process to start (at most 4: each holds TensorFlow and
+# its pipelines' memory); one test module per worker so that a module's shared runs are made once
+# (the session's are shared through a lock, tests/helpers.once_per_session). Modules go out
+# longest first (tests/conftest.py orders them; xdist would reorder by test count).
+WORKERS := $(shell n=$$(($$(nproc) + 1)); echo $$((n > 4 ? 4 : n)))
+XDIST := -n $(WORKERS) --dist loadscope --no-loadscope-reorder
 
 test:  ## the test suite: real pipelines, servers and training (checks of outside systems aside)
 	$(ENVRUN) python -m pytest $(XDIST) -m "not external" $(PYTEST_ARGS)

@@ -59,7 +59,7 @@ TINY = suite.sizes_for(
         "streaming_window_examples": 640,
     },
     tracking={"train_steps": 20, "repeats": 1},
-    beam={"rows": (120,), "workers": (2,)},
+    beam={"rows": (120,), "workers": (1,)},
 )
 TRAINER = TINY["trainer"]
 TINY_TRANSFORMER = TrainingConfig(
@@ -514,8 +514,9 @@ def test_quick_mode_skips_beam_scaling_and_the_checkpoint_lever_and_says_so(tmp_
 
 
 def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
-    """The pipeline's data steps on DirectRunner's multi_processing mode with 2 workers (the
-    option path a distributed runner uses), the benchmark's rows and its results document."""
+    """The pipeline's data steps on DirectRunner's multi_processing mode (the option path a
+    distributed runner uses: Beam arguments, SDK worker processes), the benchmark's rows and its
+    results document."""
     # No work_dir: the suite's temp work folder is removed after a run where nothing failed;
     # with it go the copies of TFX that TFX packages for every Beam component given Beam
     # arguments (docs/scaling.md), and nothing at all is left in the temp folder.
@@ -527,7 +528,7 @@ def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
     beam = document["results"]["beam"]
     assert "error" not in beam, beam.get("trace")
     (point,) = beam["points"]
-    assert point["rows"] == 120 and point["workers"] == 2 and point["rows_per_second"] > 0
+    assert point["rows"] == 120 and point["workers"] == 1 and point["rows_per_second"] > 0
     assert point["transform_seconds"] > 0 and point["example_gen_seconds"] > 0
     assert point["staging_seconds"] > 0
     # Stock CsvExampleGen and the Arrow ExampleGen, each timed on the same staged files.
@@ -542,8 +543,8 @@ def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
         and json.loads(json_path.read_text())["results"]["beam"]["points"][0]["rows"] == 120
     )
     text = md_path.read_text()
-    assert "Beam: ExampleGen + Transform, 120 rows, 2 worker(s)" in text
-    assert "Beam: ExampleGen, stock CsvExampleGen vs Arrow, 120 rows, 2 worker(s)" in text
+    assert "Beam: ExampleGen + Transform, 120 rows, 1 worker(s)" in text
+    assert "Beam: ExampleGen, stock CsvExampleGen vs Arrow, 120 rows, 1 worker(s)" in text
     per_step = next(line for line in text.splitlines() if "Beam: rows/s per step" in line)
     for step in ("staging", "ExampleGen", "StatisticsGen", "DataGate", "Transform"):
         assert f"{step} " in per_step, per_step

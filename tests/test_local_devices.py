@@ -37,7 +37,7 @@ GPUS = len(tf.config.list_physical_devices("GPU"))
 def test_multi_gpu_run_trains_over_every_device_and_pushes(tmp_path):
     """One fresh-process run covers two option paths: the `multi_gpu` preset (MirroredStrategy,
     XLA) over two logical CPUs, and the Transformer on text. (The data steps on DirectRunner's
-    multi_processing mode, with TFX's packages left nowhere, are the Beam benchmark's test.)"""
+    multi_processing mode, with TFX's packages left nowhere: the Beam benchmark's test.)"""
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     result = run_cli(

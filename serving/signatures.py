@@ -171,9 +171,17 @@ class ServingModule(tf.Module):
         raw_spec = self._raw_spec
         full_spec = self._full_raw_spec
 
+        # serving_default and the classify (or regress) signature answer the same tf.Examples:
+        # one function, traced once, that both call. Its graph (the tf.Example parsing with a
+        # few hundred ops per numeric column, Transform, the model) is then in the SavedModel
+        # once, not twice: faster to export and to load.
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def predict_examples(examples: tf.Tensor) -> dict[str, tf.Tensor]:
+            return self._predict(self.parse_raw_examples(examples))
+
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])
         def serve_examples(examples: tf.Tensor) -> dict[str, tf.Tensor]:
-            return self._predict(self.parse_raw_examples(examples))
+            return predict_examples(examples)
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name=EXAMPLES_INPUT)])
         def transform_features(examples: tf.Tensor) -> dict[str, tf.Tensor]:
@@ -181,11 +189,11 @@ class ServingModule(tf.Module):
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
         def regression(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
-            return {"outputs": self._predict(self.parse_raw_examples(inputs))["predictions"]}
+            return {"outputs": predict_examples(inputs)["predictions"]}
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")])
         def classification(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
-            scores = self._predict(self.parse_raw_examples(inputs))["probabilities"]
+            scores = predict_examples(inputs)["probabilities"]
             classes = tf.tile(self.class_names[tf.newaxis, :], [tf.shape(scores)[0], 1])
             return {"classes": classes, "scores": scores}
 

@@ -16,14 +16,11 @@ import argparse
 import importlib
 import logging
 import os
-import re
 import signal
 import sys
-import tempfile
 import textwrap
 import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 # Modules under fullthrottle.commands, in the order `--help` lists them.
 COMMANDS = (
@@ -78,35 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# TensorFlow's C++ log lines written while it loads, before its log level applies (absl's format:
-# severity letter, MMDD, time, thread, file:line), and absl's note that they go to stderr.
-_NATIVE_LOAD_NOTE = re.compile(
-    rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
-    rb"|[IW]\d{4} [\d:.]+ +\d+ [^\]\s]+:\d+\] )"
-)
-
-
-@contextmanager
-def native_load_notes_dropped() -> Iterator[None]:
-    """Within the block, INFO and WARNING lines that native code writes to stderr (file
-    descriptor 2, which Python's `sys.stderr` does not see) are dropped; every other line is
-    written out when the block ends."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            for line in captured:
-                if not _NATIVE_LOAD_NOTE.match(line):
-                    os.write(2, line)
-
-
 def quiet_third_party_logs(*, verbose: bool) -> None:
     """TensorFlow, TFX (absl), Beam and MLflow log dozens of INFO/WARNING lines per run that
     say nothing actionable to a user (ZetaSQL fallbacks, deprecations inside TFMA, table
@@ -128,7 +96,9 @@ def quiet_third_party_logs(*, verbose: bool) -> None:
         pass
     # Python warnings from third-party packages (deprecations) go to the quieted logger.
     logging.captureWarnings(True)
-    with native_load_notes_dropped():
+    from fullthrottle.core.native_logs import load_notes_dropped
+
+    with load_notes_dropped():
         import tensorflow  # noqa: F401 - loaded here, with its load-time notes dropped
 
 

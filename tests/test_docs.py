@@ -8,8 +8,11 @@ their benchmark figures, targets and sizes are generated (LATEST.json, the bench
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,6 +166,26 @@ def test_help_prints_no_tensorflow_log_lines():
     result = run_cli("--help")
     assert result.returncode == 0 and "usage: fullthrottle" in result.stdout
     assert result.stderr == ""
+
+
+def test_processes_a_run_starts_that_load_tensorflow_print_no_load_notes(capfd):
+    """Beam's SDK workers (`multi_processing` mode) are processes of their own that load
+    TensorFlow: the run drops their load notes as it drops its own (core/native_logs.py). Here
+    a child process loads TensorFlow as the run's environment has it (TF_CPP_MIN_LOG_LEVEL=3)
+    and writes a note of absl's format and a line of its own."""
+    from fullthrottle.core.native_logs import load_notes_filtered
+
+    child = (
+        "import os, tensorflow;"
+        "os.write(2, b'I1207 22:10:21.739627     138 port.cc:153] a load note\\n');"
+        "os.write(2, b'the line of its own\\n')"
+    )
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    with load_notes_filtered():
+        subprocess.run([sys.executable, "-c", child], env=env, check=True)
+        print("and this process's line", file=sys.stderr, flush=True)
+    err = capfd.readouterr().err
+    assert err.splitlines() == ["the line of its own", "and this process's line"], err
 
 
 def test_the_docs_benchmark_figures_are_generated_from_latest_json():

@@ -61,7 +61,11 @@ def run(args: argparse.Namespace) -> int:
     command = resume_command(args)
     # At once, before any work: a second run on this folder is refused here.
     with hold_run_lock(config.output_path, command=command), raising_on_signals():
-        return _run_locked(config, command=command)
+        return _run_locked(
+            config,
+            command=command,
+            verbose=getattr(args, "verbose", False) or getattr(args, "debug", False),
+        )
 
 
 def resume_command(args: argparse.Namespace) -> str:
@@ -77,7 +81,7 @@ def resume_command(args: argparse.Namespace) -> str:
     return redact_text(command_as_typed(argv))
 
 
-def _run_locked(config: Config, *, command: str) -> int:
+def _run_locked(config: Config, *, command: str, verbose: bool = False) -> int:
     from fullthrottle.core.disk import check_copies_folder, check_free_space, input_bytes
     from fullthrottle.core.staging import prepare_data
 
@@ -93,6 +97,7 @@ def _run_locked(config: Config, *, command: str) -> int:
             setting="training.input_snapshot_dir",
         )
 
+    from fullthrottle.core.native_logs import load_notes_filtered
     from fullthrottle.outcome import read_latest_run
     from fullthrottle.progress import PipelineProgress
     from fullthrottle.tracking import finish_tracking, start_tracking, tracking_message
@@ -118,7 +123,13 @@ def _run_locked(config: Config, *, command: str) -> int:
         tracker = start_tracking(
             config, source_files=prepared.source_files, code_fingerprint=code_fingerprint()
         )
-        with PipelineProgress(str(config.mlmd_path)):
+        # Beam's SDK worker processes load TensorFlow themselves: their load notes are dropped
+        # as this process's were (cli.quiet_third_party_logs).
+        worker_processes = config.beam.direct_running_mode == "multi_processing"
+        with (
+            PipelineProgress(str(config.mlmd_path)),
+            load_notes_filtered(enabled=worker_processes and not verbose),
+        ):
             run_local(
                 config,
                 input_base=prepared.input_base,

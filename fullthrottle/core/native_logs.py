@@ -1,0 +1,77 @@
+"""TensorFlow's C++ log lines written while it loads, before its log level applies.
+
+TensorFlow reads `TF_CPP_MIN_LOG_LEVEL` when absl's logging starts; a few lines come before
+that (oneDNN, "Could not find cuda drivers"), with absl's note that they go to stderr. They go to
+file descriptor 2, which Python's `sys.stderr` does not see. The command line drops them unless
+`--verbose`: in its own process while TensorFlow loads (`load_notes_dropped`), and in the
+processes it starts that load TensorFlow themselves, Beam's SDK workers in `multi_processing`
+mode (`load_notes_filtered`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# absl's format: severity letter (INFO or WARNING), MMDD, time, thread, file:line.
+NATIVE_LOAD_NOTE = re.compile(
+    rb"^(WARNING: All log messages before absl::InitializeLog\(\) is called"
+    rb"|[IW]\d{4} [\d:.]+ +\d+ [^\]\s]+:\d+\] )"
+)
+
+
+@contextmanager
+def load_notes_dropped() -> Iterator[None]:
+    """Within the block, the INFO and WARNING lines native code writes to stderr are dropped;
+    every other line is written out when the block ends."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured:
+                if not NATIVE_LOAD_NOTE.match(line):
+                    os.write(2, line)
+
+
+@contextmanager
+def load_notes_filtered(*, enabled: bool = True) -> Iterator[None]:
+    """Within the block, stderr (file descriptor 2, inherited by the processes started in it)
+    goes through a pipe; a thread writes every line out as it comes, except native load notes.
+    Lines still in the pipe when the block ends are written out before it returns (the
+    processes started in the block have ended by then, or their lines come within 5 s)."""
+    if not enabled:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 2)
+    os.close(write_end)
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as pipe:
+            for line in pipe:
+                if not NATIVE_LOAD_NOTE.match(line):
+                    os.write(saved, line)
+
+    forwarder = threading.Thread(target=forward, name="native-log-filter", daemon=True)
+    forwarder.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last writer in this process: the thread sees its end
+        forwarder.join(timeout=5)
+        os.close(saved)

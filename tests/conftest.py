@@ -29,6 +29,12 @@ from tests.helpers import once_per_session, run_cli  # noqa: E402
 MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
 
 
+# Session fixtures that are whole pipeline runs: a test that asks for one is `slow` (not part of
+# `make test-fast`) whether or not it says so.
+PIPELINE_RUN_FIXTURES = ("penguins_run",)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """The longest modules first: tests/module_seconds.json holds each module's seconds (its
     tests' times summed, from a full run's `--junitxml`; roughly right is enough), and a module
@@ -38,6 +44,9 @@ def pytest_collection_modifyitems(config, items):
     `--no-loadscope-reorder`); a long module handed out last keeps one worker busy while the
     other has nothing left to do. Longest first, the short modules at the end fill both workers
     until the last minute. Each module's tests keep their order."""
+    for item in items:
+        if any(name in getattr(item, "fixturenames", ()) for name in PIPELINE_RUN_FIXTURES):
+            item.add_marker(pytest.mark.slow)
     seconds = json.loads(MODULE_SECONDS.read_text(encoding="utf-8"))
     by_module: dict[str, list] = {}
     for item in items:

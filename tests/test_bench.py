@@ -513,6 +513,7 @@ def test_quick_mode_skips_beam_scaling_and_the_checkpoint_lever_and_says_so(tmp_
     assert list(tmp_path.iterdir()) == []  # nothing was generated or run
 
 
+@pytest.mark.slow
 def test_beam_benchmark_and_results_document(tmp_path, monkeypatch):
     """The pipeline's data steps on DirectRunner's multi_processing mode (the option path a
     distributed runner uses: Beam arguments, SDK worker processes), the benchmark's rows and its

@@ -61,10 +61,18 @@ def load_notes_filtered(*, enabled: bool = True) -> Iterator[None]:
     os.close(write_end)
 
     def forward() -> None:
-        with os.fdopen(read_end, "rb") as pipe:
-            for line in pipe:
-                if not NATIVE_LOAD_NOTE.match(line):
-                    os.write(saved, line)
+        # The thread owns `saved`: a process started in the block may outlive it and write on.
+        try:
+            with os.fdopen(read_end, "rb") as pipe:
+                for line in pipe:
+                    if NATIVE_LOAD_NOTE.match(line):
+                        continue
+                    try:
+                        os.write(saved, line)
+                    except OSError:  # stderr is gone: drain on, so that no writer blocks
+                        pass
+        finally:
+            os.close(saved)
 
     forwarder = threading.Thread(target=forward, name="native-log-filter", daemon=True)
     forwarder.start()
@@ -74,4 +82,3 @@ def load_notes_filtered(*, enabled: bool = True) -> Iterator[None]:
         sys.stderr.flush()
         os.dup2(saved, 2)  # the pipe's last writer in this process: the thread sees its end
         forwarder.join(timeout=5)
-        os.close(saved)

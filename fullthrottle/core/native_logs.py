@@ -10,6 +10,7 @@ mode (`load_notes_filtered`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -67,10 +68,9 @@ def load_notes_filtered(*, enabled: bool = True) -> Iterator[None]:
                 for line in pipe:
                     if NATIVE_LOAD_NOTE.match(line):
                         continue
-                    try:
+                    # stderr gone: drain on all the same, so that no writer blocks.
+                    with contextlib.suppress(OSError):
                         os.write(saved, line)
-                    except OSError:  # stderr is gone: drain on, so that no writer blocks
-                        pass
         finally:
             os.close(saved)
 

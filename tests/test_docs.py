@@ -173,7 +173,7 @@ def test_processes_a_run_starts_that_load_tensorflow_print_no_load_notes(capfd):
     TensorFlow: the run drops their load notes as it drops its own (core/native_logs.py). Here
     a child process loads TensorFlow as the run's environment has it (TF_CPP_MIN_LOG_LEVEL=3)
     and writes a note of absl's format and a line of its own."""
-    from fullthrottle.core.native_logs import load_notes_filtered
+    from fullthrottle.core.native_logs import load_notes_dropped
 
     child = (
         "import os, tensorflow;"
@@ -181,7 +181,7 @@ def test_processes_a_run_starts_that_load_tensorflow_print_no_load_notes(capfd):
         "os.write(2, b'the line of its own\\n')"
     )
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    with load_notes_filtered():
+    with load_notes_dropped():
         subprocess.run([sys.executable, "-c", child], env=env, check=True)
         print("and this process's line", file=sys.stderr, flush=True)
     err = capfd.readouterr().err

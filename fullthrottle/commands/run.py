@@ -97,7 +97,7 @@ def _run_locked(config: Config, *, command: str, verbose: bool = False) -> int:
             setting="training.input_snapshot_dir",
         )
 
-    from fullthrottle.core.native_logs import load_notes_filtered
+    from fullthrottle.core.native_logs import load_notes_dropped
     from fullthrottle.outcome import read_latest_run
     from fullthrottle.progress import PipelineProgress
     from fullthrottle.tracking import finish_tracking, start_tracking, tracking_message
@@ -128,7 +128,7 @@ def _run_locked(config: Config, *, command: str, verbose: bool = False) -> int:
         worker_processes = config.beam.direct_running_mode == "multi_processing"
         with (
             PipelineProgress(str(config.mlmd_path)),
-            load_notes_filtered(enabled=worker_processes and not verbose),
+            load_notes_dropped(enabled=worker_processes and not verbose),
         ):
             run_local(
                 config,

@@ -3,21 +3,19 @@
 TensorFlow reads `TF_CPP_MIN_LOG_LEVEL` when absl's logging starts; a few lines come before
 that (oneDNN, "Could not find cuda drivers"), with absl's note that they go to stderr. They go to
 file descriptor 2, which Python's `sys.stderr` does not see. The command line drops them unless
-`--verbose`: in its own process while TensorFlow loads (`load_notes_dropped`), and in the
+`--verbose` (`load_notes_dropped`): in its own process while TensorFlow loads, and in the
 processes it starts that load TensorFlow themselves, Beam's SDK workers in `multi_processing`
-mode (`load_notes_filtered`).
+mode.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
-import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 # absl's format: severity letter (INFO or WARNING), MMDD, time, thread, file:line.
 NATIVE_LOAD_NOTE = re.compile(
@@ -27,27 +25,7 @@ NATIVE_LOAD_NOTE = re.compile(
 
 
 @contextmanager
-def load_notes_dropped() -> Iterator[None]:
-    """Within the block, the INFO and WARNING lines native code writes to stderr are dropped;
-    every other line is written out when the block ends."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            for line in captured:
-                if not NATIVE_LOAD_NOTE.match(line):
-                    os.write(2, line)
-
-
-@contextmanager
-def load_notes_filtered(*, enabled: bool = True) -> Iterator[None]:
+def load_notes_dropped(*, enabled: bool = True) -> Iterator[None]:
     """Within the block, stderr (file descriptor 2, inherited by the processes started in it)
     goes through a pipe; a thread writes every line out as it comes, except native load notes.
     Lines still in the pipe when the block ends are written out before it returns (the
@@ -69,7 +47,7 @@ def load_notes_filtered(*, enabled: bool = True) -> Iterator[None]:
                     if NATIVE_LOAD_NOTE.match(line):
                         continue
                     # stderr gone: drain on all the same, so that no writer blocks.
-                    with contextlib.suppress(OSError):
+                    with suppress(OSError):
                         os.write(saved, line)
         finally:
             os.close(saved)
